@@ -1,0 +1,1 @@
+//! Placeholder: the private PostgreSQL server.
