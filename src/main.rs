@@ -1,20 +1,73 @@
+use std::process::ExitCode;
+
 use clap::Parser;
-use fairway::config::{Cli, Command};
+use fairway::config::{Cli, Command, ServeArgs};
+use fairway::db::embedded::{self, EmbeddedPostgres};
+use fairway::startup::Application;
+use tracing_subscriber::EnvFilter;
+
+/// The database the private server holds the broker's tables in.
+const EMBEDDED_DATABASE: &str = "fairway";
 
 #[tokio::main]
-async fn main() {
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
     let cli = Cli::parse();
-    match cli.command {
-        Command::Serve(_) => {}
-        Command::Postgres(args) => {
-            let code = match fairway::db::embedded::run_command_with_postgres(&args).await {
-                Ok(code) => code,
-                Err(error) => {
-                    eprintln!("fairway: {error}");
-                    1
-                }
-            };
-            std::process::exit(code);
+    let outcome = match cli.command {
+        Command::Serve(args) => serve(args).await,
+        Command::Postgres(args) => match embedded::run_command_with_postgres(&args).await {
+            Ok(code) => return ExitCode::from(u8::try_from(code).unwrap_or(1)),
+            Err(error) => Err(error.to_string()),
+        },
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("fairway: {message}");
+            ExitCode::FAILURE
         }
     }
+}
+
+async fn serve(args: ServeArgs) -> Result<(), String> {
+    let (database_url, private_server) = match &args.database.url {
+        Some(url) => (url.clone(), None),
+        None => {
+            let server = EmbeddedPostgres::start(
+                args.database.data_dir.as_deref(),
+                args.database.pg_bin.as_deref(),
+            )
+            .await
+            .map_err(|error| {
+                format!("{error}\n(or set DATABASE_URL to use an existing PostgreSQL)")
+            })?;
+            server
+                .create_database_if_missing(EMBEDDED_DATABASE)
+                .await
+                .map_err(|error| error.to_string())?;
+            let url = server.connection_string(EMBEDDED_DATABASE);
+            tracing::info!(database = %url, "using the private PostgreSQL server");
+            (url, Some(server))
+        }
+    };
+    let served = async {
+        let app = Application::build(&args, &database_url)
+            .await
+            .map_err(|error| error.to_string())?;
+        tracing::info!(address = %args.bind, "fairway is serving");
+        app.run_until_stopped()
+            .await
+            .map_err(|error| error.to_string())
+    }
+    .await;
+    if let Some(server) = private_server {
+        if let Err(error) = server.stop().await {
+            tracing::warn!(%error, "stopping the private PostgreSQL server failed");
+        }
+    }
+    served
 }

@@ -1,0 +1,33 @@
+-- Moves the item counts of job $1's step $2 by the deltas $3 ready, $4 running, $5 successful,
+-- $6 failed, $7 canceled, and keeps the user's users and service_users rows in step, in the
+-- transaction that moved the items. The caller holds the user's users row. Returns the step's
+-- service and whether it is paused.
+WITH step AS (
+    UPDATE user_work
+       SET ready_count = ready_count + $3,
+           running_count = running_count + $4,
+           successful_count = successful_count + $5,
+           failed_count = failed_count + $6,
+           canceled_count = canceled_count + $7
+     WHERE job_id = $1
+       AND step_index = $2
+ RETURNING username, service, paused
+), user_counts AS (
+    UPDATE users u
+       SET running_count = u.running_count + $4
+      FROM step
+     WHERE u.username = step.username
+       AND $4 <> 0
+ RETURNING u.username, u.running_count
+), queue_counts AS (
+    UPDATE service_users su
+       SET running_count = coalesce(uc.running_count, su.running_count),
+           ready_count = su.ready_count
+               + CASE WHEN su.service = step.service AND NOT step.paused THEN $3 ELSE 0 END
+      FROM step
+      LEFT JOIN user_counts uc ON true
+     WHERE su.username = step.username
+       AND (uc.username IS NOT NULL OR (su.service = step.service AND NOT step.paused AND $3 <> 0))
+)
+SELECT step.service, step.paused
+  FROM step;

@@ -1,0 +1,20 @@
+-- Cancels every ready or running item of job $1. Returns, per step, how many ready and running
+-- items were canceled, for the counters.
+WITH doomed AS (
+    SELECT id, step_index, status
+      FROM work_items
+     WHERE job_id = $1
+       AND status IN ('ready', 'running')
+       FOR NO KEY UPDATE
+), canceled AS (
+    UPDATE work_items wi
+       SET status = 'canceled', lease_expires_at = NULL, updated_at = now()
+      FROM doomed
+     WHERE wi.id = doomed.id
+)
+SELECT step_index,
+       (count(*) FILTER (WHERE status = 'ready'))::integer AS ready,
+       (count(*) FILTER (WHERE status = 'running'))::integer AS running
+  FROM doomed
+ GROUP BY step_index
+ ORDER BY step_index;

@@ -1,0 +1,88 @@
+-- Hands out the next work item of service $1 to worker $3 of querier $2, leased for $4
+-- milliseconds, by Harmony's fair order. Returns at most one row.
+--
+-- Steps 1-3: the first user in service_users_fair_order (least work in progress over all
+-- services, then least recently worked) whose users row is free. SKIP LOCKED sends a concurrent
+-- claimer on to the next-best user instead of queueing behind the first.
+-- Step 4: that user's best job step for the service, then the step's lowest ready item.
+-- Step 5: the item is leased, and user_work, users and every service_users row of the user are
+-- brought up to date in this same statement, so the counters never drift.
+WITH chosen_user AS (
+    SELECT u.username
+      FROM service_users su
+      JOIN users u ON u.username = su.username
+     WHERE su.service = $1
+       AND su.ready_count > 0
+     ORDER BY su.running_count, su.last_worked NULLS FIRST, su.username
+     LIMIT 1
+       FOR NO KEY UPDATE OF u SKIP LOCKED
+), chosen_step AS (
+    SELECT uw.job_id, uw.step_index
+      FROM user_work uw
+      JOIN chosen_user cu ON cu.username = uw.username
+     WHERE uw.service = $1
+       AND uw.ready_count > 0
+       AND NOT uw.paused
+     ORDER BY uw.is_async, uw.last_worked NULLS FIRST, uw.job_id, uw.step_index
+     LIMIT 1
+), chosen_item AS (
+    SELECT wi.id
+      FROM work_items wi
+      JOIN chosen_step cs ON cs.job_id = wi.job_id AND cs.step_index = wi.step_index
+     WHERE wi.status = 'ready'
+     ORDER BY wi.id
+     LIMIT 1
+       FOR NO KEY UPDATE OF wi SKIP LOCKED
+), claimed AS (
+    UPDATE work_items wi
+       SET status = 'running',
+           attempt = wi.attempt + 1,
+           lease_expires_at = now() + $4::bigint * interval '1 millisecond',
+           querier = $2,
+           worker = $3,
+           updated_at = now()
+      FROM chosen_item ci
+     WHERE wi.id = ci.id
+ RETURNING wi.id, wi.job_id, wi.step_index, wi.payload, wi.inputs, wi.attempt, wi.lease_expires_at
+), worked_at AS MATERIALIZED (
+    -- One instant for every row this claim touches, so users.last_worked equals the newest
+    -- user_work.last_worked (the consistency check relies on it).
+    SELECT clock_timestamp() AS at
+), step_counts AS (
+    UPDATE user_work uw
+       SET ready_count = uw.ready_count - 1,
+           running_count = uw.running_count + 1,
+           last_worked = worked_at.at
+      FROM claimed, worked_at
+     WHERE uw.job_id = claimed.job_id
+       AND uw.step_index = claimed.step_index
+), user_counts AS (
+    UPDATE users u
+       SET running_count = u.running_count + 1,
+           last_worked = worked_at.at
+      FROM chosen_user cu, claimed, worked_at
+     WHERE u.username = cu.username
+ RETURNING u.username, u.running_count, u.last_worked
+), queue_counts AS (
+    UPDATE service_users su
+       SET running_count = uc.running_count,
+           last_worked = uc.last_worked,
+           ready_count = su.ready_count - CASE WHEN su.service = $1 THEN 1 ELSE 0 END
+      FROM user_counts uc
+     WHERE su.username = uc.username
+), job_started AS (
+    UPDATE jobs j
+       SET status = 'running', updated_at = now()
+      FROM claimed
+     WHERE j.job_id = claimed.job_id
+       AND j.status = 'accepted'
+)
+SELECT claimed.id,
+       claimed.job_id,
+       claimed.step_index,
+       cu.username,
+       claimed.payload,
+       claimed.inputs,
+       claimed.attempt,
+       claimed.lease_expires_at
+  FROM claimed, chosen_user cu;

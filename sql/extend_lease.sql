@@ -1,0 +1,8 @@
+-- A heartbeat: extends the lease of the current attempt $2 of running item $1 by $3 ms.
+UPDATE work_items
+   SET lease_expires_at = now() + $3::bigint * interval '1 millisecond',
+       updated_at = now()
+ WHERE id = $1
+   AND attempt = $2
+   AND status = 'running'
+RETURNING id;

@@ -1,0 +1,257 @@
+use deadpool_postgres::GenericClient;
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use super::model::{progress, JobDocument, JobId, JobStatus, NewJob, StepDocument};
+use super::sql::{
+    self, APPLY_STEP_DELTAS, CANCEL_JOB_ITEMS, CREATE_SERVICE_USERS, CREATE_USER, GET_JOB,
+    GET_JOB_STEPS, INSERT_FIRST_STEP_ITEMS, INSERT_JOB, INSERT_JOB_STEPS, LOCK_JOB_OWNER,
+    LOCK_USER, NOTIFY_WORK_READY, SET_JOB_PAUSED, SET_JOB_STATUS,
+};
+use super::{Broker, BrokerError};
+
+/// Changes to a job step's item counts, applied with `apply_step_deltas.sql`.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct StepDeltas {
+    pub ready: i32,
+    pub running: i32,
+    pub successful: i32,
+    pub failed: i32,
+    pub canceled: i32,
+}
+
+/// Moves a step's counts (and the user's fair-order rows with them), and wakes waiting workers
+/// when the step gained claimable work. The caller holds the user's row lock.
+pub(super) async fn apply_step_deltas(
+    tx: &impl GenericClient,
+    job_id: JobId,
+    step: i32,
+    deltas: StepDeltas,
+) -> Result<(), BrokerError> {
+    let row = sql::query_opt(
+        tx,
+        APPLY_STEP_DELTAS,
+        &[
+            &job_id.0,
+            &step,
+            &deltas.ready,
+            &deltas.running,
+            &deltas.successful,
+            &deltas.failed,
+            &deltas.canceled,
+        ],
+    )
+    .await?
+    .ok_or_else(|| {
+        BrokerError::not_found("step_not_found", format!("job {job_id} has no step {step}"))
+    })?;
+    let service: String = row.try_get("service")?;
+    let paused: bool = row.try_get("paused")?;
+    if deltas.ready > 0 && !paused {
+        sql::execute(tx, NOTIFY_WORK_READY, &[&service]).await?;
+    }
+    Ok(())
+}
+
+impl Broker {
+    /// Stores a job, its steps and its first step's items, all ready at once.
+    pub async fn submit_job(&self, job: &NewJob) -> Result<JobId, BrokerError> {
+        let job_id = JobId(Uuid::new_v4());
+        let user = job.user.as_str();
+        let services: Vec<&str> = job.steps.iter().map(|step| step.service.as_str()).collect();
+        let aggregates: Vec<bool> = job.steps.iter().map(|step| step.aggregate).collect();
+        let item_count = i32::try_from(job.payloads.len())
+            .map_err(|_| BrokerError::invalid("invalid_items", "too many items in one job"))?;
+
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        sql::execute(&tx, CREATE_USER, &[&user]).await?;
+        sql::query_opt(&tx, LOCK_USER, &[&user]).await?;
+        sql::execute(&tx, INSERT_JOB, &[&job_id.0, &user, &job.is_async]).await?;
+        sql::execute(
+            &tx,
+            INSERT_JOB_STEPS,
+            &[&job_id.0, &user, &job.is_async, &services, &aggregates],
+        )
+        .await?;
+        sql::execute(&tx, CREATE_SERVICE_USERS, &[&user, &services]).await?;
+        sql::execute(&tx, INSERT_FIRST_STEP_ITEMS, &[&job_id.0, &job.payloads]).await?;
+        apply_step_deltas(
+            &tx,
+            job_id,
+            0,
+            StepDeltas {
+                ready: item_count,
+                ..Default::default()
+            },
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(job_id)
+    }
+
+    pub async fn get_job(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
+        let client = self.client().await?;
+        read_job(&client, job_id).await
+    }
+
+    /// Takes the job's ready items out of the fair order; running items finish as usual.
+    pub async fn pause_job(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let job = lock_unfinished_job(&tx, job_id, "pause").await?;
+        if job.status != JobStatus::Paused {
+            sql::query(&tx, SET_JOB_PAUSED, &[&job_id.0, &true]).await?;
+            sql::execute(
+                &tx,
+                SET_JOB_STATUS,
+                &[&job_id.0, &JobStatus::Paused.as_str()],
+            )
+            .await?;
+        }
+        let job = read_job(&tx, job_id).await?;
+        tx.commit().await?;
+        Ok(job)
+    }
+
+    /// Puts a paused job's ready items back into the fair order.
+    pub async fn resume_job(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let job = lock_unfinished_job(&tx, job_id, "resume").await?;
+        if job.status == JobStatus::Paused {
+            for row in sql::query(&tx, SET_JOB_PAUSED, &[&job_id.0, &false]).await? {
+                let service: String = row.try_get("service")?;
+                sql::execute(&tx, NOTIFY_WORK_READY, &[&service]).await?;
+            }
+            let started = job
+                .steps
+                .iter()
+                .any(|step| step.total > i64::from(step.ready));
+            let status = if started {
+                JobStatus::Running
+            } else {
+                JobStatus::Accepted
+            };
+            sql::execute(&tx, SET_JOB_STATUS, &[&job_id.0, &status.as_str()]).await?;
+        }
+        let job = read_job(&tx, job_id).await?;
+        tx.commit().await?;
+        Ok(job)
+    }
+
+    /// Marks every unfinished item of the job canceled. Workers holding one get 409 on their
+    /// next update. Canceling a canceled job again changes nothing.
+    pub async fn cancel_job(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        lock_job_owner(&tx, job_id).await?;
+        let job = read_job(&tx, job_id).await?;
+        match job.status {
+            JobStatus::Canceled => return Ok(job),
+            status if status.is_finished() => return Err(job_finished(job_id, status, "cancel")),
+            _ => {}
+        }
+        for row in sql::query(&tx, CANCEL_JOB_ITEMS, &[&job_id.0]).await? {
+            let step: i32 = row.try_get("step_index")?;
+            let ready: i32 = row.try_get("ready")?;
+            let running: i32 = row.try_get("running")?;
+            let deltas = StepDeltas {
+                ready: -ready,
+                running: -running,
+                canceled: ready + running,
+                ..Default::default()
+            };
+            apply_step_deltas(&tx, job_id, step, deltas).await?;
+        }
+        sql::execute(
+            &tx,
+            SET_JOB_STATUS,
+            &[&job_id.0, &JobStatus::Canceled.as_str()],
+        )
+        .await?;
+        let job = read_job(&tx, job_id).await?;
+        tx.commit().await?;
+        Ok(job)
+    }
+}
+
+async fn lock_job_owner(tx: &impl GenericClient, job_id: JobId) -> Result<(), BrokerError> {
+    match sql::query_opt(tx, LOCK_JOB_OWNER, &[&job_id.0]).await? {
+        Some(_) => Ok(()),
+        None => Err(job_not_found(job_id)),
+    }
+}
+
+async fn lock_unfinished_job(
+    tx: &impl GenericClient,
+    job_id: JobId,
+    action: &str,
+) -> Result<JobDocument, BrokerError> {
+    lock_job_owner(tx, job_id).await?;
+    let job = read_job(tx, job_id).await?;
+    if job.status.is_finished() {
+        return Err(job_finished(job_id, job.status, action));
+    }
+    Ok(job)
+}
+
+fn job_not_found(job_id: JobId) -> BrokerError {
+    BrokerError::not_found("job_not_found", format!("no job {job_id}"))
+}
+
+fn job_finished(job_id: JobId, status: JobStatus, action: &str) -> BrokerError {
+    BrokerError::conflict(
+        "job_finished",
+        format!(
+            "cannot {action} job {job_id}: it is already {}",
+            status.as_str()
+        ),
+    )
+}
+
+pub(super) async fn read_job(
+    client: &impl GenericClient,
+    job_id: JobId,
+) -> Result<JobDocument, BrokerError> {
+    let job = sql::query_opt(client, GET_JOB, &[&job_id.0])
+        .await?
+        .ok_or_else(|| job_not_found(job_id))?;
+    let steps = sql::query(client, GET_JOB_STEPS, &[&job_id.0])
+        .await?
+        .iter()
+        .map(step_document)
+        .collect::<Result<Vec<_>, _>>()?;
+    let status = JobStatus::from_db(job.try_get("status")?)?;
+    Ok(JobDocument {
+        job_id,
+        user: job.try_get("username")?,
+        is_async: job.try_get("is_async")?,
+        status,
+        progress: progress(status, &steps),
+        steps,
+        created_at: job.try_get("created_at")?,
+        updated_at: job.try_get("updated_at")?,
+    })
+}
+
+fn step_document(row: &Row) -> Result<StepDocument, BrokerError> {
+    let ready: i32 = row.try_get("ready_count")?;
+    let running: i32 = row.try_get("running_count")?;
+    let successful: i32 = row.try_get("successful_count")?;
+    let failed: i32 = row.try_get("failed_count")?;
+    let canceled: i32 = row.try_get("canceled_count")?;
+    Ok(StepDocument {
+        service: row.try_get("service")?,
+        aggregate: row.try_get("aggregate")?,
+        total: [ready, running, successful, failed, canceled]
+            .iter()
+            .map(|&n| i64::from(n))
+            .sum(),
+        ready,
+        running,
+        successful,
+        failed,
+        canceled,
+    })
+}

@@ -1,0 +1,68 @@
+//! The broker's domain: jobs, the fair claim, status updates, leases and the counters that
+//! keep the fair order, independent of how requests arrive.
+
+mod admin;
+mod claim;
+mod error;
+mod jobs;
+pub mod model;
+mod outcome;
+mod signals;
+pub mod sql;
+
+use std::time::Duration;
+
+use deadpool_postgres::{Object, Pool};
+
+pub use error::BrokerError;
+pub use signals::WorkSignals;
+
+/// Behaviour that operators tune.
+#[derive(Debug, Clone, Copy)]
+pub struct BrokerSettings {
+    /// How long a claim is leased without a heartbeat.
+    pub lease: Duration,
+    /// Retries after a retryable failure before an item fails for good.
+    pub max_retries: u32,
+}
+
+/// The broker: cheap to clone, shared by every request handler and background task.
+#[derive(Clone)]
+pub struct Broker {
+    pool: Pool,
+    settings: BrokerSettings,
+    signals: WorkSignals,
+}
+
+impl Broker {
+    pub fn new(pool: Pool, settings: BrokerSettings, signals: WorkSignals) -> Self {
+        Self {
+            pool,
+            settings,
+            signals,
+        }
+    }
+
+    pub fn settings(&self) -> BrokerSettings {
+        self.settings
+    }
+
+    async fn client(&self) -> Result<Object, BrokerError> {
+        Ok(self.pool.get().await?)
+    }
+
+    fn lease_millis(&self) -> i64 {
+        i64::try_from(self.settings.lease.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// How many workers of each service this broker holds in a long poll right now.
+    pub fn waiting_workers(&self) -> std::collections::BTreeMap<String, usize> {
+        self.signals.waiting_workers()
+    }
+
+    /// Whether the database answers.
+    pub async fn ping(&self) -> Result<(), BrokerError> {
+        self.client().await?.simple_query("SELECT 1").await?;
+        Ok(())
+    }
+}

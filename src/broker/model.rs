@@ -1,0 +1,331 @@
+//! The broker's vocabulary: validated names, ids and the documents it reads and writes.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::error::BrokerError;
+
+/// A job's id, as producers see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct JobId(pub Uuid);
+
+impl std::fmt::Display for JobId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A work item's id: the database identity, increasing in creation order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct WorkItemId(pub i64);
+
+impl std::fmt::Display for WorkItemId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The name of a service: 1..255 characters of `[A-Za-z0-9._:/@-]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(transparent)]
+pub struct ServiceName(String);
+
+impl ServiceName {
+    pub fn parse(name: &str) -> Result<Self, BrokerError> {
+        let allowed = |c: char| c.is_ascii_alphanumeric() || "._:/@-".contains(c);
+        if name.is_empty() || name.len() > 255 || !name.chars().all(allowed) {
+            return Err(BrokerError::invalid(
+                "invalid_service",
+                format!("service {name:?} must be 1 to 255 characters of [A-Za-z0-9._:/@-]"),
+            ));
+        }
+        Ok(Self(name.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The name of a user: 1..255 characters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(transparent)]
+pub struct UserName(String);
+
+impl UserName {
+    pub fn parse(name: &str) -> Result<Self, BrokerError> {
+        let length = name.chars().count();
+        if length == 0 || length > 255 || name.contains('\0') {
+            return Err(BrokerError::invalid(
+                "invalid_user",
+                "user must be 1 to 255 characters, without NUL",
+            ));
+        }
+        Ok(Self(name.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The name a worker pod gives itself: 1..255 characters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(transparent)]
+pub struct QuerierName(String);
+
+impl QuerierName {
+    pub fn parse(name: &str) -> Result<Self, BrokerError> {
+        let length = name.chars().count();
+        if length == 0 || length > 255 || name.contains('\0') {
+            return Err(BrokerError::invalid(
+                "invalid_querier",
+                "querier must be 1 to 255 characters, without NUL",
+            ));
+        }
+        Ok(Self(name.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// One step of a job's workflow.
+#[derive(Debug, Clone)]
+pub struct StepSpec {
+    pub service: ServiceName,
+    /// An aggregating step gets one item whose inputs are all results of the step before it.
+    pub aggregate: bool,
+}
+
+/// A validated job submission.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    pub user: UserName,
+    pub is_async: bool,
+    pub steps: Vec<StepSpec>,
+    /// Payloads of the first step's items, in order.
+    pub payloads: Vec<Value>,
+}
+
+impl NewJob {
+    pub fn new(
+        user: UserName,
+        is_async: bool,
+        steps: Vec<StepSpec>,
+        payloads: Vec<Value>,
+    ) -> Result<Self, BrokerError> {
+        if steps.is_empty() {
+            return Err(BrokerError::invalid(
+                "invalid_steps",
+                "a job needs at least one step",
+            ));
+        }
+        if steps[0].aggregate {
+            return Err(BrokerError::invalid(
+                "invalid_steps",
+                "the first step cannot aggregate: there is no step before it",
+            ));
+        }
+        if payloads.is_empty() {
+            return Err(BrokerError::invalid(
+                "invalid_items",
+                "a job needs at least one item",
+            ));
+        }
+        Ok(Self {
+            user,
+            is_async,
+            steps,
+            payloads,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    Accepted,
+    Running,
+    Paused,
+    Successful,
+    CompleteWithErrors,
+    Failed,
+    Canceled,
+}
+
+impl JobStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Accepted => "accepted",
+            Self::Running => "running",
+            Self::Paused => "paused",
+            Self::Successful => "successful",
+            Self::CompleteWithErrors => "complete_with_errors",
+            Self::Failed => "failed",
+            Self::Canceled => "canceled",
+        }
+    }
+
+    pub fn from_db(value: &str) -> Result<Self, BrokerError> {
+        Ok(match value {
+            "accepted" => Self::Accepted,
+            "running" => Self::Running,
+            "paused" => Self::Paused,
+            "successful" => Self::Successful,
+            "complete_with_errors" => Self::CompleteWithErrors,
+            "failed" => Self::Failed,
+            "canceled" => Self::Canceled,
+            other => {
+                return Err(BrokerError::Unavailable(format!(
+                    "unknown job status {other:?} in the database"
+                )))
+            }
+        })
+    }
+
+    pub fn is_finished(self) -> bool {
+        matches!(
+            self,
+            Self::Successful | Self::CompleteWithErrors | Self::Failed | Self::Canceled
+        )
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StepDocument {
+    pub service: String,
+    pub aggregate: bool,
+    pub total: i64,
+    pub ready: i32,
+    pub running: i32,
+    pub successful: i32,
+    pub failed: i32,
+    pub canceled: i32,
+}
+
+impl StepDocument {
+    fn finished(&self) -> i64 {
+        i64::from(self.successful) + i64::from(self.failed) + i64::from(self.canceled)
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct JobDocument {
+    pub job_id: JobId,
+    pub user: String,
+    pub is_async: bool,
+    pub status: JobStatus,
+    pub progress: u8,
+    pub steps: Vec<StepDocument>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Progress is the mean, over steps, of the share of each step's items that have finished; a
+/// step with no items yet counts as not started. A finished job is at 100.
+pub fn progress(status: JobStatus, steps: &[StepDocument]) -> u8 {
+    if status.is_finished() {
+        return 100;
+    }
+    if steps.is_empty() {
+        return 0;
+    }
+    let shares: f64 = steps
+        .iter()
+        .filter(|step| step.total > 0)
+        .map(|step| step.finished() as f64 / step.total as f64)
+        .sum();
+    // Clamped below 100: an unfinished job is never reported as done.
+    ((shares / steps.len() as f64) * 100.0).floor().min(99.0) as u8
+}
+
+/// A work item as handed to a worker.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkItem {
+    pub id: WorkItemId,
+    pub job_id: JobId,
+    pub service: String,
+    pub step: i32,
+    pub user: String,
+    pub payload: Value,
+    pub inputs: Value,
+    pub attempt: i32,
+    pub lease_expires_at: DateTime<Utc>,
+}
+
+/// Who asks for work.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    pub service: ServiceName,
+    pub querier: QuerierName,
+    /// The worker slot within the querier (0..=1023).
+    pub worker: i32,
+    /// How many items to hand out at most, each chosen as fairly as a single claim.
+    pub max: usize,
+}
+
+/// What a worker reports about the attempt it holds.
+#[derive(Debug, Clone)]
+pub enum StatusUpdate {
+    /// Still working: extend the lease.
+    Running,
+    Successful {
+        results: Vec<Value>,
+    },
+    Failed {
+        error: Option<String>,
+        retryable: bool,
+    },
+}
+
+/// An item's status after an update, as the worker is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ItemStatus {
+    Ready,
+    Running,
+    Successful,
+    Failed,
+    Canceled,
+}
+
+impl ItemStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ready => "ready",
+            Self::Running => "running",
+            Self::Successful => "successful",
+            Self::Failed => "failed",
+            Self::Canceled => "canceled",
+        }
+    }
+}
+
+/// A row of the user_work table, for operators.
+#[derive(Debug, Clone, Serialize)]
+pub struct UserWorkRow {
+    pub user: String,
+    pub job_id: JobId,
+    pub step: i32,
+    pub service: String,
+    pub is_async: bool,
+    pub paused: bool,
+    pub ready_count: i32,
+    pub running_count: i32,
+    pub last_worked: Option<DateTime<Utc>>,
+}
+
+/// A counter that differs from a recount of what it counts.
+#[derive(Debug, Clone, Serialize)]
+pub struct Mismatch {
+    pub table: String,
+    pub key: Value,
+    pub recorded: Value,
+    pub actual: Value,
+}

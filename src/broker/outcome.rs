@@ -1,0 +1,236 @@
+use deadpool_postgres::GenericClient;
+use serde_json::Value;
+
+use super::jobs::{apply_step_deltas, StepDeltas};
+use super::model::{ItemStatus, JobId, StatusUpdate, WorkItemId};
+use super::sql::{
+    self, DESCRIBE_ITEM, EXTEND_LEASE, FIND_EXPIRED_LEASES, FINISH_ITEM, INSERT_AGGREGATE_ITEM,
+    INSERT_NEXT_STEP_ITEMS, LOCK_ITEM_OWNER, NEXT_STEP, REFRESH_JOB_STATUS,
+};
+use super::{Broker, BrokerError};
+
+/// How an attempt ended, as recorded on the item.
+enum Ending {
+    Successful(Vec<Value>),
+    Failed {
+        error: Option<String>,
+        retryable: bool,
+    },
+}
+
+/// Whether an ending applies to any running attempt, or only to one whose lease has expired.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LeaseCondition {
+    Any,
+    Expired,
+}
+
+impl Broker {
+    /// Applies a worker's report on the attempt it holds, and returns the item's status after
+    /// it. A stale attempt or a finished item is a conflict and changes nothing.
+    pub async fn update_status(
+        &self,
+        id: WorkItemId,
+        attempt: i32,
+        update: StatusUpdate,
+    ) -> Result<ItemStatus, BrokerError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let status = match update {
+            // A heartbeat touches no counter, so it needs no user lock.
+            StatusUpdate::Running => {
+                let lease = self.lease_millis();
+                sql::query_opt(&tx, EXTEND_LEASE, &[&id.0, &attempt, &lease])
+                    .await?
+                    .map(|_| ItemStatus::Running)
+            }
+            StatusUpdate::Successful { results } => {
+                self.end_attempt(
+                    &tx,
+                    id,
+                    attempt,
+                    Ending::Successful(results),
+                    LeaseCondition::Any,
+                )
+                .await?
+            }
+            StatusUpdate::Failed { error, retryable } => {
+                let ending = Ending::Failed { error, retryable };
+                self.end_attempt(&tx, id, attempt, ending, LeaseCondition::Any)
+                    .await?
+            }
+        };
+        match status {
+            Some(status) => {
+                tx.commit().await?;
+                Ok(status)
+            }
+            None => Err(why_not_applied(&tx, id, attempt).await?),
+        }
+    }
+
+    /// Treats every expired lease (up to `limit`) as a retryable failure. Safe to run in several
+    /// brokers at once: an item another reaper or its worker settled first is left alone.
+    /// Returns how many leases it expired.
+    pub async fn reap_expired_leases(&self, limit: i64) -> Result<usize, BrokerError> {
+        let expired = {
+            let client = self.client().await?;
+            sql::query(&client, FIND_EXPIRED_LEASES, &[&limit]).await?
+        };
+        let mut reaped = 0;
+        for row in expired {
+            let id = WorkItemId(row.try_get("id")?);
+            let attempt: i32 = row.try_get("attempt")?;
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            let ending = Ending::Failed {
+                error: Some("lease expired".to_owned()),
+                retryable: true,
+            };
+            if self
+                .end_attempt(&tx, id, attempt, ending, LeaseCondition::Expired)
+                .await?
+                .is_some()
+            {
+                tx.commit().await?;
+                reaped += 1;
+            }
+        }
+        Ok(reaped)
+    }
+
+    /// Records how an attempt ended, moves the counters, grows the workflow and finishes the
+    /// job when nothing is left. None when the attempt is not the running one.
+    async fn end_attempt(
+        &self,
+        tx: &impl GenericClient,
+        id: WorkItemId,
+        attempt: i32,
+        ending: Ending,
+        condition: LeaseCondition,
+    ) -> Result<Option<ItemStatus>, BrokerError> {
+        if sql::query_opt(tx, LOCK_ITEM_OWNER, &[&id.0])
+            .await?
+            .is_none()
+        {
+            return Err(item_not_found(id));
+        }
+        let retry_allowed = i64::from(attempt) <= i64::from(self.settings.max_retries);
+        let (status, results, error) = match ending {
+            Ending::Successful(results) => {
+                (ItemStatus::Successful, Some(Value::Array(results)), None)
+            }
+            Ending::Failed {
+                error,
+                retryable: true,
+            } if retry_allowed => (ItemStatus::Ready, None, error),
+            Ending::Failed { error, .. } => (ItemStatus::Failed, None, error),
+        };
+        let expired_only = condition == LeaseCondition::Expired;
+        let Some(row) = sql::query_opt(
+            tx,
+            FINISH_ITEM,
+            &[
+                &id.0,
+                &attempt,
+                &status.as_str(),
+                &results,
+                &error,
+                &expired_only,
+            ],
+        )
+        .await?
+        else {
+            return Ok(None);
+        };
+        let job_id = JobId(row.try_get("job_id")?);
+        let step: i32 = row.try_get("step_index")?;
+
+        let mut deltas = StepDeltas {
+            running: -1,
+            ..Default::default()
+        };
+        match status {
+            ItemStatus::Ready => deltas.ready = 1,
+            ItemStatus::Successful => deltas.successful = 1,
+            _ => deltas.failed = 1,
+        }
+        apply_step_deltas(tx, job_id, step, deltas).await?;
+
+        if status == ItemStatus::Successful {
+            fan_out(tx, job_id, step, id).await?;
+        }
+        if status != ItemStatus::Ready {
+            if let Some(row) = sql::query_opt(tx, INSERT_AGGREGATE_ITEM, &[&job_id.0]).await? {
+                let aggregate_step: i32 = row.try_get("step_index")?;
+                let ready = StepDeltas {
+                    ready: 1,
+                    ..Default::default()
+                };
+                apply_step_deltas(tx, job_id, aggregate_step, ready).await?;
+            }
+        }
+        sql::execute(tx, REFRESH_JOB_STATUS, &[&job_id.0]).await?;
+        Ok(Some(status))
+    }
+}
+
+/// One item of the next (non-aggregating) step per result of the item that succeeded.
+async fn fan_out(
+    tx: &impl GenericClient,
+    job_id: JobId,
+    step: i32,
+    id: WorkItemId,
+) -> Result<(), BrokerError> {
+    let Some(next) = sql::query_opt(tx, NEXT_STEP, &[&job_id.0, &step]).await? else {
+        return Ok(());
+    };
+    let aggregate: bool = next.try_get("aggregate")?;
+    if aggregate {
+        return Ok(());
+    }
+    let created: i32 = sql::query_opt(tx, INSERT_NEXT_STEP_ITEMS, &[&id.0, &step])
+        .await?
+        .map(|row| row.try_get(0))
+        .transpose()?
+        .unwrap_or(0);
+    if created > 0 {
+        let ready = StepDeltas {
+            ready: created,
+            ..Default::default()
+        };
+        apply_step_deltas(tx, job_id, step + 1, ready).await?;
+    }
+    Ok(())
+}
+
+fn item_not_found(id: WorkItemId) -> BrokerError {
+    BrokerError::not_found("work_item_not_found", format!("no work item {id}"))
+}
+
+/// Explains why an update naming `attempt` of item `id` did not apply.
+async fn why_not_applied(
+    client: &impl GenericClient,
+    id: WorkItemId,
+    attempt: i32,
+) -> Result<BrokerError, BrokerError> {
+    let Some(row) = sql::query_opt(client, DESCRIBE_ITEM, &[&id.0]).await? else {
+        return Ok(item_not_found(id));
+    };
+    let status: String = row.try_get("status")?;
+    let current: i32 = row.try_get("attempt")?;
+    Ok(match status.as_str() {
+        "successful" | "failed" | "canceled" => BrokerError::conflict(
+            "item_finished",
+            format!("work item {id} is already {status}"),
+        ),
+        _ if current != attempt => BrokerError::conflict(
+            "stale_attempt",
+            format!("attempt {attempt} of work item {id} is not current (the current attempt is {current})"),
+        ),
+        _ => BrokerError::conflict(
+            "stale_attempt",
+            format!("attempt {attempt} of work item {id} no longer holds a lease"),
+        ),
+    })
+}

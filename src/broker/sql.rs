@@ -1,0 +1,76 @@
+//! The broker's SQL, one named file per statement under `sql/`, and thin helpers that run them
+//! as cached prepared statements.
+
+use deadpool_postgres::GenericClient;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+
+use super::error::BrokerError;
+
+macro_rules! statements {
+    ($($name:ident = $file:literal;)*) => {
+        $(
+            pub const $name: &str =
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/sql/", $file, ".sql"));
+        )*
+    };
+}
+
+statements! {
+    APPLY_STEP_DELTAS = "apply_step_deltas";
+    CANCEL_JOB_ITEMS = "cancel_job_items";
+    CHECK_CONSISTENCY = "check_consistency";
+    CLAIM_NEXT_ITEM = "claim_next_item";
+    CREATE_SERVICE_USERS = "create_service_users";
+    CREATE_USER = "create_user";
+    DESCRIBE_ITEM = "describe_item";
+    EXTEND_LEASE = "extend_lease";
+    FIND_EXPIRED_LEASES = "find_expired_leases";
+    FINISH_ITEM = "finish_item";
+    GET_JOB = "get_job";
+    GET_JOB_STEPS = "get_job_steps";
+    INSERT_AGGREGATE_ITEM = "insert_aggregate_item";
+    INSERT_FIRST_STEP_ITEMS = "insert_first_step_items";
+    INSERT_JOB = "insert_job";
+    INSERT_JOB_STEPS = "insert_job_steps";
+    INSERT_NEXT_STEP_ITEMS = "insert_next_step_items";
+    LIST_USER_WORK = "list_user_work";
+    LOCK_BEST_READY_USER = "lock_best_ready_user";
+    LOCK_ITEM_OWNER = "lock_item_owner";
+    LOCK_JOB_OWNER = "lock_job_owner";
+    LOCK_USER = "lock_user";
+    NEXT_STEP = "next_step";
+    NOTIFY_WORK_READY = "notify_work_ready";
+    REFRESH_JOB_STATUS = "refresh_job_status";
+    SET_JOB_PAUSED = "set_job_paused";
+    SET_JOB_STATUS = "set_job_status";
+}
+
+pub type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
+
+pub async fn query(
+    client: &impl GenericClient,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Vec<Row>, BrokerError> {
+    let statement = client.prepare_cached(sql).await?;
+    Ok(client.query(&statement, params).await?)
+}
+
+pub async fn query_opt(
+    client: &impl GenericClient,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Option<Row>, BrokerError> {
+    let statement = client.prepare_cached(sql).await?;
+    Ok(client.query_opt(&statement, params).await?)
+}
+
+pub async fn execute(
+    client: &impl GenericClient,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<u64, BrokerError> {
+    let statement = client.prepare_cached(sql).await?;
+    Ok(client.execute(&statement, params).await?)
+}

@@ -1,0 +1,34 @@
+use std::str::FromStr;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::NoTls;
+
+use super::DbError;
+
+/// How long a request waits for a pooled connection before it is told the database is
+/// unavailable (503), rather than hanging.
+const CONNECTION_WAIT: Duration = Duration::from_secs(10);
+
+/// Parses a connection string, URL or key=value form.
+pub fn parse_config(connection_string: &str) -> Result<tokio_postgres::Config, DbError> {
+    tokio_postgres::Config::from_str(connection_string).map_err(DbError::InvalidUrl)
+}
+
+/// A pool of `size` connections. Connections are opened on demand.
+pub fn connect(config: tokio_postgres::Config, size: usize) -> Result<Pool, DbError> {
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(CONNECTION_WAIT))
+        .create_timeout(Some(CONNECTION_WAIT))
+        .build()
+        .map_err(|error| DbError::Pool(error.to_string()))
+}

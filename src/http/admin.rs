@@ -1,0 +1,72 @@
+//! What operators look at: the user_work table, the consistency check and health probes.
+
+use actix_web::{web, HttpResponse};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::error::ApiError;
+use crate::broker::Broker;
+
+const DEFAULT_ROWS: i64 = 1000;
+const MAX_ROWS: i64 = 10_000;
+
+pub fn routes(config: &mut web::ServiceConfig) {
+    config
+        .route("/admin/user-work", web::get().to(user_work))
+        .route("/admin/consistency", web::get().to(consistency))
+        .route("/admin/waiting-workers", web::get().to(waiting_workers))
+        .route("/healthz", web::get().to(healthz))
+        .route("/readyz", web::get().to(readyz));
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UserWorkQuery {
+    service: Option<String>,
+    user: Option<String>,
+    limit: Option<i64>,
+}
+
+async fn user_work(
+    broker: web::Data<Broker>,
+    query: web::Query<UserWorkQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let limit = query.limit.unwrap_or(DEFAULT_ROWS);
+    if !(1..=MAX_ROWS).contains(&limit) {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            format!("limit must be between 1 and {MAX_ROWS}"),
+        ));
+    }
+    let rows = broker
+        .user_work(non_empty(&query.service), non_empty(&query.user), limit)
+        .await?;
+    Ok(HttpResponse::Ok().json(json!({ "rows": rows })))
+}
+
+/// An empty filter means no filter, so `?service=&user=` lists everything.
+fn non_empty(value: &Option<String>) -> Option<&str> {
+    value.as_deref().filter(|value| !value.is_empty())
+}
+
+async fn consistency(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+    let mismatches = broker.check_consistency().await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "consistent": mismatches.is_empty(),
+        "mismatches": mismatches,
+    })))
+}
+
+/// Workers long-polling this broker process, per service: idle capacity.
+async fn waiting_workers(broker: web::Data<Broker>) -> HttpResponse {
+    HttpResponse::Ok().json(json!({ "services": broker.waiting_workers() }))
+}
+
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(json!({ "status": "ok" }))
+}
+
+async fn readyz(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+    broker.ping().await?;
+    Ok(HttpResponse::Ok().json(json!({ "status": "ready" })))
+}

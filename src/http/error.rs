@@ -1,0 +1,98 @@
+//! The one place where errors become HTTP responses:
+//! `{"error": {"code": "<snake_case>", "message": "<human text>"}}`.
+
+use actix_web::error::{JsonPayloadError, PathError, QueryPayloadError};
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, ResponseError};
+use serde_json::json;
+use thiserror::Error;
+
+use crate::broker::BrokerError;
+
+#[derive(Debug, Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+
+    /// The request could not be read as the endpoint expects.
+    #[error("{message}")]
+    BadRequest { code: &'static str, message: String },
+
+    #[error("request body is larger than {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+}
+
+impl ApiError {
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::BadRequest {
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn code(&self) -> &'static str {
+        match self {
+            Self::Broker(BrokerError::Invalid { code, .. })
+            | Self::Broker(BrokerError::NotFound { code, .. })
+            | Self::Broker(BrokerError::Conflict { code, .. })
+            | Self::BadRequest { code, .. } => code,
+            Self::Broker(BrokerError::Unavailable(_)) => "database_unavailable",
+            Self::Broker(BrokerError::Database(_)) => "internal_error",
+            Self::PayloadTooLarge { .. } => "payload_too_large",
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            Self::Broker(BrokerError::Invalid { .. }) | Self::BadRequest { .. } => {
+                StatusCode::BAD_REQUEST
+            }
+            Self::Broker(BrokerError::NotFound { .. }) => StatusCode::NOT_FOUND,
+            Self::Broker(BrokerError::Conflict { .. }) => StatusCode::CONFLICT,
+            Self::Broker(BrokerError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Broker(BrokerError::Database(_)) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let status = self.status_code();
+        // Unexpected database errors are logged in full and reported without internals.
+        let message = if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!(error = ?self, "request failed");
+            "internal error; see the broker's log".to_owned()
+        } else {
+            self.to_string()
+        };
+        HttpResponse::build(status)
+            .json(json!({ "error": { "code": self.code(), "message": message } }))
+    }
+}
+
+/// Turns an unreadable JSON body into a JSON error: 413 when too large, else 400.
+pub fn json_error(limit: usize) -> impl Fn(JsonPayloadError, &HttpRequest) -> actix_web::Error {
+    move |error, _| {
+        let api_error = match error {
+            JsonPayloadError::Overflow { .. } | JsonPayloadError::OverflowKnownLength { .. } => {
+                ApiError::PayloadTooLarge { limit }
+            }
+            JsonPayloadError::Deserialize(error) => {
+                ApiError::bad_request("invalid_body", format!("invalid request body: {error}"))
+            }
+            other => {
+                ApiError::bad_request("invalid_body", format!("invalid request body: {other}"))
+            }
+        };
+        api_error.into()
+    }
+}
+
+pub fn query_error(error: QueryPayloadError, _: &HttpRequest) -> actix_web::Error {
+    ApiError::bad_request("invalid_query", format!("invalid query string: {error}")).into()
+}
+
+pub fn path_error(error: PathError, _: &HttpRequest) -> actix_web::Error {
+    ApiError::bad_request("invalid_path", format!("invalid path: {error}")).into()
+}

@@ -1,0 +1,29 @@
+//! The HTTP API, one module per audience. Handlers validate and translate; the broker decides.
+
+mod admin;
+pub mod error;
+mod producers;
+mod workers;
+
+use actix_web::web;
+
+use error::{json_error, path_error, query_error};
+
+/// Registers every route and the extractors' error handling.
+pub fn configure(max_body_bytes: usize) -> impl FnOnce(&mut web::ServiceConfig) {
+    move |config| {
+        config
+            .app_data(
+                web::JsonConfig::default()
+                    .limit(max_body_bytes)
+                    // The body is JSON by definition; don't make `curl -d` users set a header.
+                    .content_type(|_| true)
+                    .error_handler(json_error(max_body_bytes)),
+            )
+            .app_data(web::QueryConfig::default().error_handler(query_error))
+            .app_data(web::PathConfig::default().error_handler(path_error))
+            .configure(producers::routes)
+            .configure(workers::routes)
+            .configure(admin::routes);
+    }
+}

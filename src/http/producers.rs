@@ -1,0 +1,111 @@
+//! Producers submit jobs and steer them.
+
+use actix_web::{web, HttpResponse};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use super::error::ApiError;
+use crate::broker::model::{JobId, NewJob, ServiceName, StepSpec, UserName};
+use crate::broker::Broker;
+
+pub fn routes(config: &mut web::ServiceConfig) {
+    config
+        .route("/jobs", web::post().to(submit_job))
+        .route("/jobs/{job_id}", web::get().to(get_job))
+        .route("/jobs/{job_id}/pause", web::post().to(pause_job))
+        .route("/jobs/{job_id}/resume", web::post().to(resume_job))
+        .route("/jobs/{job_id}/cancel", web::post().to(cancel_job));
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobBody {
+    user: String,
+    #[serde(default = "default_is_async")]
+    is_async: bool,
+    steps: Vec<StepBody>,
+    items: Vec<ItemBody>,
+}
+
+fn default_is_async() -> bool {
+    true
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StepBody {
+    service: String,
+    #[serde(default)]
+    aggregate: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ItemBody {
+    #[serde(default)]
+    payload: Value,
+}
+
+impl JobBody {
+    fn validate(self) -> Result<NewJob, ApiError> {
+        let steps = self
+            .steps
+            .into_iter()
+            .map(|step| {
+                Ok(StepSpec {
+                    service: ServiceName::parse(&step.service)?,
+                    aggregate: step.aggregate,
+                })
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        let payloads = self.items.into_iter().map(|item| item.payload).collect();
+        Ok(NewJob::new(
+            UserName::parse(&self.user)?,
+            self.is_async,
+            steps,
+            payloads,
+        )?)
+    }
+}
+
+async fn submit_job(
+    broker: web::Data<Broker>,
+    body: web::Json<JobBody>,
+) -> Result<HttpResponse, ApiError> {
+    let job = body.into_inner().validate()?;
+    let job_id = broker.submit_job(&job).await?;
+    Ok(HttpResponse::Created().json(json!({ "job_id": job_id, "status": "accepted" })))
+}
+
+async fn get_job(
+    broker: web::Data<Broker>,
+    path: web::Path<Uuid>,
+) -> Result<HttpResponse, ApiError> {
+    let job = broker.get_job(JobId(path.into_inner())).await?;
+    Ok(HttpResponse::Ok().json(job))
+}
+
+async fn pause_job(
+    broker: web::Data<Broker>,
+    path: web::Path<Uuid>,
+) -> Result<HttpResponse, ApiError> {
+    let job = broker.pause_job(JobId(path.into_inner())).await?;
+    Ok(HttpResponse::Ok().json(job))
+}
+
+async fn resume_job(
+    broker: web::Data<Broker>,
+    path: web::Path<Uuid>,
+) -> Result<HttpResponse, ApiError> {
+    let job = broker.resume_job(JobId(path.into_inner())).await?;
+    Ok(HttpResponse::Ok().json(job))
+}
+
+async fn cancel_job(
+    broker: web::Data<Broker>,
+    path: web::Path<Uuid>,
+) -> Result<HttpResponse, ApiError> {
+    let job = broker.cancel_job(JobId(path.into_inner())).await?;
+    Ok(HttpResponse::Ok().json(job))
+}

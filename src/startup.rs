@@ -1,0 +1,121 @@
+//! Assembles the broker: database pool and migrations, background tasks, HTTP server.
+
+use std::net::TcpListener;
+
+use actix_web::dev::Server;
+use actix_web::{web, App, HttpServer};
+use thiserror::Error;
+use tokio::task::JoinHandle;
+
+use crate::broker::{Broker, BrokerSettings, WorkSignals};
+use crate::config::ServeArgs;
+use crate::db::{self, DbError};
+
+/// Expired leases examined per reaper pass.
+const REAP_BATCH: i64 = 500;
+
+#[derive(Debug, Error)]
+pub enum StartupError {
+    #[error(transparent)]
+    Database(#[from] DbError),
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        address: String,
+        source: std::io::Error,
+    },
+}
+
+/// A broker bound to its port, ready to run.
+pub struct Application {
+    server: Server,
+    port: u16,
+    broker: Broker,
+    background: Vec<JoinHandle<()>>,
+}
+
+impl Application {
+    /// Connects to `database_url`, applies migrations and binds the HTTP listener.
+    pub async fn build(args: &ServeArgs, database_url: &str) -> Result<Self, StartupError> {
+        let config = db::pool::parse_config(database_url)?;
+        let pool = db::pool::connect(config.clone(), args.database.pool_size)?;
+        db::migrations::run(&pool).await?;
+
+        let signals = WorkSignals::default();
+        let settings = BrokerSettings {
+            lease: args.lease,
+            max_retries: args.max_retries,
+        };
+        let broker = Broker::new(pool, settings, signals.clone());
+        let background = vec![
+            tokio::spawn(db::listener::listen_for_work(config, signals)),
+            tokio::spawn(reap_expired_leases(broker.clone(), args.reap_interval)),
+        ];
+
+        let listener = TcpListener::bind(args.bind).map_err(|source| StartupError::Bind {
+            address: args.bind.to_string(),
+            source,
+        })?;
+        let port = listener
+            .local_addr()
+            .map_err(|source| StartupError::Bind {
+                address: args.bind.to_string(),
+                source,
+            })?
+            .port();
+        let data = web::Data::new(broker.clone());
+        let max_body_bytes = args.max_body_bytes;
+        let server = HttpServer::new(move || {
+            App::new()
+                .wrap(request_log())
+                .app_data(data.clone())
+                .configure(crate::http::configure(max_body_bytes))
+        })
+        .listen(listener)
+        .map_err(|source| StartupError::Bind {
+            address: args.bind.to_string(),
+            source,
+        })?
+        .run();
+        Ok(Self {
+            server,
+            port,
+            broker,
+            background,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+
+    /// Serves until the server is stopped (SIGINT or SIGTERM), then stops background tasks.
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        let result = self.server.await;
+        for task in self.background {
+            task.abort();
+        }
+        result
+    }
+}
+
+fn request_log() -> actix_web::middleware::Logger {
+    actix_web::middleware::Logger::new("%r %s %Dms")
+}
+
+/// Expires leases on a fixed cadence. Several brokers may run this at once.
+async fn reap_expired_leases(broker: Broker, interval: std::time::Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        match broker.reap_expired_leases(REAP_BATCH).await {
+            Ok(0) => {}
+            Ok(reaped) => tracing::info!(reaped, "expired leases returned to the queue"),
+            Err(error) => tracing::warn!(%error, "lease reaper pass failed"),
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! Harmony's five steps, each on its own, and the shares they produce.
+
+use serde_json::{json, Value};
+
+use crate::helpers::spawn_app;
+
+fn user_of(item: &Value) -> &str {
+    item["user"].as_str().expect("user")
+}
+
+#[tokio::test]
+async fn only_users_with_ready_work_for_the_service_are_considered() {
+    let app = spawn_app().await;
+    app.submit_simple("alice", "subsetter", 3, true).await;
+    app.submit_simple("bob", "concat", 3, true).await;
+
+    for _ in 0..3 {
+        let item = app.claim("concat").await.expect("bob's work");
+        assert_eq!(user_of(&item), "bob");
+        assert_eq!(item["service"], "concat");
+    }
+    assert!(
+        app.claim("concat").await.is_none(),
+        "alice's work is for another service"
+    );
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn least_work_in_progress_goes_first() {
+    let app = spawn_app().await;
+    app.submit_simple("alice", "svc", 5, true).await;
+    // Alice has two items in progress before bob appears; bob was never worked, alice was.
+    assert_eq!(user_of(&app.claim("svc").await.expect("item")), "alice");
+    assert_eq!(user_of(&app.claim("svc").await.expect("item")), "alice");
+    app.submit_simple("bob", "svc", 5, true).await;
+    let bob_first = app.claim("svc").await.expect("item");
+    assert_eq!(user_of(&bob_first), "bob");
+    // Bob (1 in progress) is still behind alice's 2, though he was worked most recently.
+    assert_eq!(user_of(&app.claim("svc").await.expect("item")), "bob");
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn ties_in_progress_go_to_the_least_recently_worked_user() {
+    let app = spawn_app().await;
+    app.submit_simple("bob", "svc", 4, true).await;
+    app.submit_simple("alice", "svc", 4, true).await;
+    // Both idle and never worked: the name breaks the tie.
+    let first = app.claim("svc").await.expect("item");
+    assert_eq!(user_of(&first), "alice");
+    app.succeed(&first, json!([])).await;
+    // Equal work in progress (none); bob was worked less recently than alice.
+    let second = app.claim("svc").await.expect("item");
+    assert_eq!(user_of(&second), "bob");
+    app.succeed(&second, json!([])).await;
+    let third = app.claim("svc").await.expect("item");
+    assert_eq!(user_of(&third), "alice");
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn least_work_in_progress_counts_work_in_other_services() {
+    let app = spawn_app().await;
+    app.submit_simple("alice", "svc", 3, true).await;
+    app.submit_simple("alice", "other", 2, true).await;
+    app.submit_simple("bob", "svc", 3, true).await;
+    // Alice holds two items of another service.
+    app.claim("other").await.expect("item");
+    app.claim("other").await.expect("item");
+    let claims: Vec<String> = {
+        let mut users = Vec::new();
+        for _ in 0..3 {
+            users.push(user_of(&app.claim("svc").await.expect("item")).to_owned());
+        }
+        users
+    };
+    // Bob catches up to alice's two before she gets any `svc` work.
+    assert_eq!(claims[0], "bob");
+    assert_eq!(claims[1], "bob");
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn synchronous_jobs_go_before_asynchronous_ones_within_a_user() {
+    let app = spawn_app().await;
+    let async_job = app.submit_simple("alice", "svc", 3, true).await;
+    let sync_job = app.submit_simple("alice", "svc", 3, false).await;
+    for _ in 0..3 {
+        let item = app.claim("svc").await.expect("item");
+        assert_eq!(item["job_id"], sync_job.to_string());
+    }
+    let item = app.claim("svc").await.expect("item");
+    assert_eq!(item["job_id"], async_job.to_string());
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn a_users_jobs_take_turns_by_least_recently_worked() {
+    let app = spawn_app().await;
+    let first = app.submit_simple("alice", "svc", 3, true).await;
+    let second = app.submit_simple("alice", "svc", 3, true).await;
+    let mut jobs = Vec::new();
+    for _ in 0..4 {
+        jobs.push(
+            app.claim("svc").await.expect("item")["job_id"]
+                .as_str()
+                .expect("id")
+                .to_owned(),
+        );
+    }
+    // Never-worked jobs first, then alternating by least recently worked.
+    assert_ne!(jobs[0], jobs[1]);
+    assert_eq!(jobs[0], jobs[2]);
+    assert_eq!(jobs[1], jobs[3]);
+    let ids = [first.to_string(), second.to_string()];
+    assert!(ids.contains(&jobs[0]) && ids.contains(&jobs[1]));
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn items_of_a_job_go_out_lowest_id_first() {
+    let app = spawn_app().await;
+    app.submit_simple("alice", "svc", 5, true).await;
+    let mut ids = Vec::new();
+    while let Some(item) = app.claim("svc").await {
+        ids.push(item["id"].as_i64().expect("id"));
+        assert_eq!(
+            item["payload"]["n"],
+            ids.len() - 1,
+            "payloads in submission order"
+        );
+    }
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    assert_eq!(ids, sorted);
+    assert_eq!(ids.len(), 5);
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn a_claim_records_when_the_user_and_job_were_last_worked() {
+    let app = spawn_app().await;
+    let job = app.submit_simple("alice", "svc", 2, true).await;
+    let rows = |body: Value| body["rows"].as_array().cloned().expect("rows");
+    let before = rows(
+        app.get("/admin/user-work?user=alice")
+            .await
+            .json()
+            .await
+            .expect("JSON"),
+    );
+    assert_eq!(before.len(), 1);
+    assert_eq!(before[0]["last_worked"], Value::Null);
+    assert_eq!(before[0]["ready_count"], 2);
+
+    app.claim("svc").await.expect("item");
+    let after = rows(
+        app.get("/admin/user-work?service=svc&user=alice")
+            .await
+            .json()
+            .await
+            .expect("JSON"),
+    );
+    assert_eq!(after[0]["job_id"], job.to_string());
+    assert!(
+        after[0]["last_worked"].is_string(),
+        "last_worked set: {after:?}"
+    );
+    assert_eq!(after[0]["ready_count"], 1);
+    assert_eq!(after[0]["running_count"], 1);
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn two_users_share_claims_evenly_until_the_smaller_runs_out() {
+    let app = spawn_app().await;
+    app.submit_simple("big", "svc", 100, true).await;
+    app.submit_simple("small", "svc", 10, true).await;
+    let mut order = Vec::new();
+    while let Some(item) = app.claim("svc").await {
+        order.push(user_of(&item).to_owned());
+    }
+    assert_eq!(order.len(), 110);
+    let small_in_first_20 = order[..20].iter().filter(|user| *user == "small").count();
+    assert_eq!(
+        small_in_first_20,
+        10,
+        "even shares while both have work: {:?}",
+        &order[..20]
+    );
+    assert!(order[20..].iter().all(|user| user == "big"));
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn a_lone_user_gets_every_worker() {
+    let app = spawn_app().await;
+    app.submit_simple("alice", "svc", 20, true).await;
+    let batch = app.claim_with("service=svc&querier=pod-0&max=20").await;
+    assert_eq!(batch.len(), 20);
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn a_batch_is_as_fair_as_single_claims() {
+    let app = spawn_app().await;
+    for user in ["a", "b", "c", "d"] {
+        app.submit_simple(user, "svc", 10, true).await;
+    }
+    let batch = app.claim_with("service=svc&querier=pod-0&max=8").await;
+    let mut users: Vec<&str> = batch.iter().map(user_of).collect();
+    users.sort_unstable();
+    assert_eq!(users, ["a", "a", "b", "b", "c", "c", "d", "d"]);
+    app.assert_consistent().await;
+}

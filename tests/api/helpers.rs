@@ -1,0 +1,365 @@
+//! One harness for every API test: each test gets a broker on its own port, over its own
+//! database cloned from a migrated template, on a real PostgreSQL.
+
+use std::time::Duration;
+
+use fairway::config::{DatabaseArgs, ServeArgs};
+use fairway::startup::Application;
+use reqwest::{Response, StatusCode};
+use serde_json::{json, Value};
+use tokio::sync::OnceCell;
+use tokio_postgres::NoTls;
+use uuid::Uuid;
+
+/// The migrated database every test database is cloned from; set up once per process.
+static TEMPLATE: OnceCell<String> = OnceCell::const_new();
+
+/// Serialises template creation between test processes (nextest runs one per test).
+const TEMPLATE_LOCK: i64 = 0x7465_6d70_6c61_7465;
+
+/// The server that holds the test databases: DATABASE_URL, else (with the `containers` feature)
+/// a PostgreSQL container.
+async fn server_url() -> String {
+    if let Ok(url) = std::env::var("DATABASE_URL") {
+        return url;
+    }
+    #[cfg(feature = "containers")]
+    {
+        return containers::server_url().await;
+    }
+    #[allow(unreachable_code)]
+    {
+        panic!("set DATABASE_URL to a PostgreSQL server the tests may create databases on, or run `make test`");
+    }
+}
+
+#[cfg(feature = "containers")]
+mod containers {
+    use testcontainers_modules::postgres::Postgres;
+    use testcontainers_modules::testcontainers::runners::AsyncRunner;
+    use testcontainers_modules::testcontainers::ContainerAsync;
+    use tokio::sync::OnceCell;
+
+    static CONTAINER: OnceCell<(ContainerAsync<Postgres>, String)> = OnceCell::const_new();
+
+    pub async fn server_url() -> String {
+        let (_, url) = CONTAINER
+            .get_or_init(|| async {
+                let container = Postgres::default()
+                    .start()
+                    .await
+                    .expect("start a PostgreSQL container");
+                let port = container
+                    .get_host_port_ipv4(5432)
+                    .await
+                    .expect("container port");
+                let url = format!(
+                    "host=127.0.0.1 port={port} user=postgres password=postgres dbname=postgres"
+                );
+                (container, url)
+            })
+            .await;
+        url.clone()
+    }
+}
+
+fn with_dbname(url: &str, dbname: &str) -> tokio_postgres::Config {
+    let mut config: tokio_postgres::Config = url.parse().expect("DATABASE_URL parses");
+    config.dbname(dbname);
+    config
+}
+
+async fn connect(config: &tokio_postgres::Config) -> tokio_postgres::Client {
+    let (client, connection) = config.connect(NoTls).await.expect("connect to PostgreSQL");
+    tokio::spawn(connection);
+    client
+}
+
+/// A name for the template that changes whenever a migration does.
+fn template_name() -> String {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations");
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("migrations directory")
+        .map(|entry| entry.expect("migration entry").path())
+        .collect();
+    files.sort();
+    // FNV-1a over names and contents: stable across processes, unlike std's hasher.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for file in files {
+        let bytes = std::fs::read(&file).expect("read migration");
+        for byte in file
+            .file_name()
+            .expect("file name")
+            .as_encoded_bytes()
+            .iter()
+            .chain(&bytes)
+        {
+            hash = (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("fairway_template_{hash:016x}")
+}
+
+async fn template(url: &str) -> &'static str {
+    TEMPLATE
+        .get_or_init(|| async {
+            let name = template_name();
+            let admin = connect(&url.parse().expect("DATABASE_URL parses")).await;
+            admin
+                .execute("SELECT pg_advisory_lock($1)", &[&TEMPLATE_LOCK])
+                .await
+                .expect("lock");
+            let exists = admin
+                .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
+                .await
+                .expect("look up template")
+                .is_some();
+            if !exists {
+                admin
+                    .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+                    .await
+                    .expect("create template");
+                let pool = fairway::db::pool::connect(with_dbname(url, &name), 1).expect("pool");
+                fairway::db::migrations::run(&pool)
+                    .await
+                    .expect("migrate template");
+                pool.close();
+            }
+            admin
+                .execute("SELECT pg_advisory_unlock($1)", &[&TEMPLATE_LOCK])
+                .await
+                .expect("unlock");
+            name
+        })
+        .await
+}
+
+/// Creates a fresh, migrated database and returns its connection config.
+pub async fn fresh_database() -> tokio_postgres::Config {
+    let url = server_url().await;
+    let template = template(&url).await;
+    let name = format!("fairway_test_{}", Uuid::new_v4().simple());
+    let admin = connect(&url.parse().expect("DATABASE_URL parses")).await;
+    admin
+        .batch_execute(&format!(
+            "CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""
+        ))
+        .await
+        .expect("create test database");
+    with_dbname(&url, &name)
+}
+
+/// Broker settings a test may change before spawning.
+pub fn default_args() -> ServeArgs {
+    ServeArgs {
+        bind: "127.0.0.1:0".parse().expect("address"),
+        database: DatabaseArgs {
+            url: None,
+            data_dir: None,
+            pg_bin: None,
+            pool_size: 40,
+        },
+        lease: Duration::from_secs(300),
+        max_retries: 3,
+        reap_interval: Duration::from_secs(1),
+        max_body_bytes: 1024 * 1024,
+    }
+}
+
+pub struct TestApp {
+    pub address: String,
+    pub http: reqwest::Client,
+    pub db: tokio_postgres::Client,
+    pub config: tokio_postgres::Config,
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(default_args()).await
+}
+
+pub async fn spawn_app_with(args: ServeArgs) -> TestApp {
+    let config = fresh_database().await;
+    spawn_broker(args, config).await
+}
+
+/// Starts one more broker on an existing database, as a second broker process would.
+pub async fn spawn_broker(args: ServeArgs, config: tokio_postgres::Config) -> TestApp {
+    let url = connection_string(&config);
+    let app = Application::build(&args, &url)
+        .await
+        .expect("build the broker");
+    let address = format!("http://127.0.0.1:{}", app.port());
+    tokio::spawn(app.run_until_stopped());
+    let db = connect(&config).await;
+    TestApp {
+        address,
+        http: reqwest::Client::new(),
+        db,
+        config,
+    }
+}
+
+fn connection_string(config: &tokio_postgres::Config) -> String {
+    use tokio_postgres::config::Host;
+    let mut parts = Vec::new();
+    if let Some(host) = config.get_hosts().first() {
+        match host {
+            Host::Tcp(host) => parts.push(format!("host={host}")),
+            Host::Unix(path) => parts.push(format!("host={}", path.display())),
+        }
+    }
+    if let Some(port) = config.get_ports().first() {
+        parts.push(format!("port={port}"));
+    }
+    if let Some(user) = config.get_user() {
+        parts.push(format!("user={user}"));
+    }
+    if let Some(password) = config.get_password() {
+        parts.push(format!("password={}", String::from_utf8_lossy(password)));
+    }
+    if let Some(dbname) = config.get_dbname() {
+        parts.push(format!("dbname={dbname}"));
+    }
+    parts.join(" ")
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.address, path)
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> Response {
+        self.http
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .expect("POST")
+    }
+
+    pub async fn get(&self, path: &str) -> Response {
+        self.http.get(self.url(path)).send().await.expect("GET")
+    }
+
+    /// Submits a job and returns its id.
+    pub async fn submit(&self, body: Value) -> Uuid {
+        let response = self.post("/jobs", &body).await;
+        assert_eq!(response.status(), StatusCode::CREATED, "submit {body}");
+        let body: Value = response.json().await.expect("JSON");
+        assert_eq!(body["status"], "accepted");
+        body["job_id"]
+            .as_str()
+            .and_then(|id| id.parse().ok())
+            .expect("job id")
+    }
+
+    /// Submits a one-step job of `items` items for `user` on `service`.
+    pub async fn submit_simple(
+        &self,
+        user: &str,
+        service: &str,
+        items: usize,
+        is_async: bool,
+    ) -> Uuid {
+        let items: Vec<Value> = (0..items)
+            .map(|n| json!({ "payload": { "n": n } }))
+            .collect();
+        self.submit(json!({
+            "user": user,
+            "is_async": is_async,
+            "steps": [{ "service": service }],
+            "items": items,
+        }))
+        .await
+    }
+
+    /// GET /work; an empty list for 204.
+    pub async fn claim_with(&self, query: &str) -> Vec<Value> {
+        let response = self.get(&format!("/work?{query}")).await;
+        match response.status() {
+            StatusCode::NO_CONTENT => Vec::new(),
+            StatusCode::OK => {
+                let body: Value = response.json().await.expect("JSON");
+                body["work_items"].as_array().cloned().expect("work_items")
+            }
+            status => panic!(
+                "GET /work?{query}: {status} {}",
+                response.text().await.unwrap_or_default()
+            ),
+        }
+    }
+
+    /// Claims at most one item of `service` as worker 0 of querier `pod-0`.
+    pub async fn claim(&self, service: &str) -> Option<Value> {
+        self.claim_with(&format!("service={service}&querier=pod-0"))
+            .await
+            .pop()
+    }
+
+    pub async fn report(&self, item: &Value, body: Value) -> Response {
+        let id = item["id"].as_i64().expect("item id");
+        self.post(&format!("/work/{id}/status"), &body).await
+    }
+
+    /// Reports success with `results` and asserts it was accepted.
+    pub async fn succeed(&self, item: &Value, results: Value) {
+        let response = self
+            .report(
+                item,
+                json!({ "status": "successful", "attempt": item["attempt"], "results": results }),
+            )
+            .await;
+        assert_eq!(
+            response.status(),
+            StatusCode::OK,
+            "{}",
+            response.text().await.unwrap_or_default()
+        );
+    }
+
+    pub async fn job(&self, job_id: Uuid) -> Value {
+        let response = self.get(&format!("/jobs/{job_id}")).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        response.json().await.expect("JSON")
+    }
+
+    /// Asserts that every counter equals a recount of the work items.
+    pub async fn assert_consistent(&self) {
+        let response = self.get("/admin/consistency").await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let body: Value = response.json().await.expect("JSON");
+        assert_eq!(body["consistent"], true, "counters drifted: {body:#}");
+    }
+
+    /// Waits until `count` workers of `service` are long-polling this broker.
+    pub async fn await_waiting_workers(&self, service: &str, count: u64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let body: Value = self
+                .get("/admin/waiting-workers")
+                .await
+                .json()
+                .await
+                .expect("JSON");
+            if body["services"][service].as_u64().unwrap_or(0) >= count {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "workers never started waiting: {body}"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// A digest of every row of every table, to show that a request changed nothing.
+    pub async fn fingerprint(&self) -> String {
+        let mut digest = String::new();
+        for table in ["users", "jobs", "user_work", "service_users", "work_items"] {
+            let sql = format!("SELECT coalesce(md5(string_agg(t::text, '|' ORDER BY t::text)), '') FROM {table} t");
+            let row = self.db.query_one(&sql, &[]).await.expect("fingerprint");
+            digest.push_str(&row.get::<_, String>(0));
+        }
+        digest
+    }
+}

@@ -1,0 +1,115 @@
+//! Pausing, resuming and canceling jobs.
+
+use serde_json::{json, Value};
+
+use crate::helpers::spawn_app;
+
+#[tokio::test]
+async fn a_paused_job_is_not_handed_out_until_resumed() {
+    let app = spawn_app().await;
+    let job = app.submit_simple("alice", "svc", 3, true).await;
+    let other = app.submit_simple("bob", "svc", 1, true).await;
+
+    let paused: Value = app
+        .post(&format!("/jobs/{job}/pause"), &json!({}))
+        .await
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(paused["status"], "paused");
+    let item = app.claim("svc").await.expect("bob's item");
+    assert_eq!(item["job_id"], other.to_string());
+    assert!(
+        app.claim("svc").await.is_none(),
+        "alice's paused items stay put"
+    );
+    app.assert_consistent().await;
+
+    let resumed: Value = app
+        .post(&format!("/jobs/{job}/resume"), &json!({}))
+        .await
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(resumed["status"], "accepted", "nothing of it ran yet");
+    for _ in 0..3 {
+        assert_eq!(
+            app.claim("svc").await.expect("item")["job_id"],
+            job.to_string()
+        );
+    }
+    assert_eq!(app.job(job).await["status"], "running");
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn work_created_while_paused_waits_for_resume() {
+    let app = spawn_app().await;
+    let job = app
+        .submit(json!({ "user": "alice", "steps": [{ "service": "a" }, { "service": "b" }], "items": [{}] }))
+        .await;
+    let item = app.claim("a").await.expect("item");
+    app.post(&format!("/jobs/{job}/pause"), &json!({})).await;
+    app.succeed(&item, json!(["x"])).await;
+    assert!(
+        app.claim("b").await.is_none(),
+        "the next step's item is created but paused"
+    );
+    assert_eq!(app.job(job).await["steps"][1]["ready"], 1);
+    app.post(&format!("/jobs/{job}/resume"), &json!({})).await;
+    let next = app.claim("b").await.expect("released on resume");
+    assert_eq!(next["inputs"], json!(["x"]));
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn cancel_marks_every_unfinished_item_and_refuses_its_workers() {
+    let app = spawn_app().await;
+    let job = app.submit_simple("alice", "svc", 3, true).await;
+    let running = app.claim("svc").await.expect("item");
+    let canceled: Value = app
+        .post(&format!("/jobs/{job}/cancel"), &json!({}))
+        .await
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(canceled["status"], "canceled");
+    assert_eq!(canceled["steps"][0]["canceled"], 3);
+    assert_eq!(canceled["progress"], 100);
+    assert!(app.claim("svc").await.is_none());
+
+    let response = app
+        .report(
+            &running,
+            json!({ "status": "successful", "attempt": 1, "results": [] }),
+        )
+        .await;
+    assert_eq!(response.status(), 409);
+    let error: Value = response.json().await.expect("JSON");
+    assert_eq!(error["error"]["code"], "item_finished");
+
+    let again = app.post(&format!("/jobs/{job}/cancel"), &json!({})).await;
+    assert_eq!(again.status(), 200, "cancel is idempotent");
+    let pause = app.post(&format!("/jobs/{job}/pause"), &json!({})).await;
+    assert_eq!(pause.status(), 409);
+    let resume = app.post(&format!("/jobs/{job}/resume"), &json!({})).await;
+    assert_eq!(resume.status(), 409);
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn a_finished_job_cannot_be_canceled_or_paused() {
+    let app = spawn_app().await;
+    let job = app.submit_simple("alice", "svc", 1, true).await;
+    let item = app.claim("svc").await.expect("item");
+    app.succeed(&item, json!([])).await;
+    let before = app.fingerprint().await;
+    for action in ["cancel", "pause", "resume"] {
+        let response = app.post(&format!("/jobs/{job}/{action}"), &json!({})).await;
+        assert_eq!(response.status(), 409, "{action}");
+        let error: Value = response.json().await.expect("JSON");
+        assert_eq!(error["error"]["code"], "job_finished");
+    }
+    assert_eq!(app.fingerprint().await, before);
+    app.assert_consistent().await;
+}

@@ -1,0 +1,10 @@
+//! API tests against a real PostgreSQL, one module per capability.
+
+mod concurrency;
+mod fairness;
+mod helpers;
+mod leases;
+mod lifecycle;
+mod longpoll;
+mod validation;
+mod workflow;

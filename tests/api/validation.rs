@@ -1,0 +1,221 @@
+//! Bad input: each kind gets its 4xx with a JSON error, and changes nothing.
+
+use serde_json::{json, Value};
+
+use crate::helpers::{spawn_app, TestApp};
+
+/// Asserts the response is `status` with a JSON error carrying `code`, and that the database
+/// is exactly as it was.
+async fn assert_refused(
+    app: &TestApp,
+    response: reqwest::Response,
+    status: u16,
+    code: &str,
+    before: &str,
+) {
+    let context = format!("{} {}", response.url(), response.status());
+    assert_eq!(response.status().as_u16(), status, "{context}");
+    let body: Value = response.json().await.expect("a JSON error body");
+    assert_eq!(body["error"]["code"], code, "{context}: {body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert_eq!(
+        app.fingerprint().await,
+        before,
+        "{context} changed the database"
+    );
+}
+
+fn job(overrides: Value) -> Value {
+    let mut body =
+        json!({ "user": "alice", "steps": [{ "service": "svc" }], "items": [{ "payload": 1 }] });
+    for (key, value) in overrides.as_object().expect("object") {
+        if value.is_null() {
+            body.as_object_mut().expect("object").remove(key);
+        } else {
+            body[key] = value.clone();
+        }
+    }
+    body
+}
+
+#[tokio::test]
+async fn bad_job_submissions_are_refused() {
+    let app = spawn_app().await;
+    app.submit_simple("seed", "svc", 2, true).await;
+    let before = app.fingerprint().await;
+    let long = "x".repeat(256);
+    let cases = [
+        (job(json!({ "tenant": "acme" })), "invalid_body"),
+        (job(json!({ "priority": 3 })), "invalid_body"),
+        (job(json!({ "user": null })), "invalid_body"),
+        (job(json!({ "user": "" })), "invalid_user"),
+        (job(json!({ "user": long })), "invalid_user"),
+        (job(json!({ "is_async": "yes" })), "invalid_body"),
+        (job(json!({ "steps": [] })), "invalid_steps"),
+        (
+            job(json!({ "steps": [{ "service": "has space" }] })),
+            "invalid_service",
+        ),
+        (
+            job(json!({ "steps": [{ "service": "" }] })),
+            "invalid_service",
+        ),
+        (
+            job(json!({ "steps": [{ "service": long }] })),
+            "invalid_service",
+        ),
+        (
+            job(json!({ "steps": [{ "service": "a", "aggregate": true }] })),
+            "invalid_steps",
+        ),
+        (
+            job(json!({ "steps": [{ "service": "a", "extra": 1 }] })),
+            "invalid_body",
+        ),
+        (job(json!({ "items": [] })), "invalid_items"),
+        (
+            job(json!({ "items": [{ "payload": 1, "component": "x" }] })),
+            "invalid_body",
+        ),
+        (job(json!({ "items": null })), "invalid_body"),
+        (json!([1, 2]), "invalid_body"),
+    ];
+    for (body, code) in cases {
+        let response = app.post("/jobs", &body).await;
+        assert_refused(&app, response, 400, code, &before).await;
+    }
+    let malformed = app
+        .http
+        .post(app.url("/jobs"))
+        .body("{\"user\": ")
+        .send()
+        .await
+        .expect("POST");
+    assert_refused(&app, malformed, 400, "invalid_body", &before).await;
+
+    let huge = json!({ "user": "alice", "steps": [{ "service": "svc" }],
+                       "items": [{ "payload": "x".repeat(2 * 1024 * 1024) }] });
+    let response = app.post("/jobs", &huge).await;
+    assert_refused(&app, response, 413, "payload_too_large", &before).await;
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn bad_work_requests_are_refused() {
+    let app = spawn_app().await;
+    app.submit_simple("seed", "svc", 2, true).await;
+    let before = app.fingerprint().await;
+    let cases = [
+        ("querier=pod-0", "invalid_query"),
+        ("service=svc", "invalid_query"),
+        ("service=has%20space&querier=pod-0", "invalid_service"),
+        ("service=svc&querier=", "invalid_querier"),
+        ("service=svc&querier=pod-0&worker=1024", "invalid_query"),
+        ("service=svc&querier=pod-0&worker=-1", "invalid_query"),
+        ("service=svc&querier=pod-0&wait=61", "invalid_query"),
+        ("service=svc&querier=pod-0&max=0", "invalid_query"),
+        ("service=svc&querier=pod-0&max=101", "invalid_query"),
+        ("service=svc&querier=pod-0&max=two", "invalid_query"),
+        ("service=svc&querier=pod-0&tenant=acme", "invalid_query"),
+    ];
+    for (query, code) in cases {
+        let response = app.get(&format!("/work?{query}")).await;
+        assert_refused(&app, response, 400, code, &before).await;
+    }
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn bad_status_updates_are_refused() {
+    let app = spawn_app().await;
+    app.submit_simple("seed", "svc", 2, true).await;
+    let item = app.claim("svc").await.expect("item");
+    let id = item["id"].as_i64().expect("id");
+    let before = app.fingerprint().await;
+    let path = format!("/work/{id}/status");
+    let cases = [
+        (json!({ "status": "done", "attempt": 1 }), "invalid_body"),
+        (json!({ "status": "successful" }), "invalid_body"),
+        (
+            json!({ "status": "successful", "attempt": "1" }),
+            "invalid_body",
+        ),
+        (
+            json!({ "status": "successful", "attempt": 1, "results": {} }),
+            "invalid_body",
+        ),
+        (
+            json!({ "status": "failed", "attempt": 1, "results": [] }),
+            "invalid_body",
+        ),
+        (
+            json!({ "status": "running", "attempt": 1, "retryable": false }),
+            "invalid_body",
+        ),
+        (
+            json!({ "status": "successful", "attempt": 1, "bogus": 1 }),
+            "invalid_body",
+        ),
+    ];
+    for (body, code) in cases {
+        let response = app.post(&path, &body).await;
+        assert_refused(&app, response, 400, code, &before).await;
+    }
+    let response = app
+        .post(
+            "/work/abc/status",
+            &json!({ "status": "running", "attempt": 1 }),
+        )
+        .await;
+    assert_refused(&app, response, 400, "invalid_path", &before).await;
+    let response = app
+        .post(
+            "/work/999999/status",
+            &json!({ "status": "successful", "attempt": 1 }),
+        )
+        .await;
+    assert_refused(&app, response, 404, "work_item_not_found", &before).await;
+    let response = app
+        .post(
+            "/work/999999/status",
+            &json!({ "status": "running", "attempt": 1 }),
+        )
+        .await;
+    assert_refused(&app, response, 404, "work_item_not_found", &before).await;
+    let response = app
+        .post(
+            &path,
+            &json!({ "status": "successful", "attempt": 7, "results": [] }),
+        )
+        .await;
+    assert_refused(&app, response, 409, "stale_attempt", &before).await;
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn unknown_and_malformed_job_ids_are_refused() {
+    let app = spawn_app().await;
+    app.submit_simple("seed", "svc", 1, true).await;
+    let before = app.fingerprint().await;
+    let unknown = uuid::Uuid::new_v4();
+    let response = app.get(&format!("/jobs/{unknown}")).await;
+    assert_refused(&app, response, 404, "job_not_found", &before).await;
+    for action in ["pause", "resume", "cancel"] {
+        let response = app
+            .post(&format!("/jobs/{unknown}/{action}"), &json!({}))
+            .await;
+        assert_refused(&app, response, 404, "job_not_found", &before).await;
+        let response = app
+            .post(&format!("/jobs/not-a-uuid/{action}"), &json!({}))
+            .await;
+        assert_refused(&app, response, 400, "invalid_path", &before).await;
+    }
+    let response = app.get("/admin/user-work?limit=0").await;
+    assert_refused(&app, response, 400, "invalid_query", &before).await;
+    app.assert_consistent().await;
+}
