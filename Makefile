@@ -1,0 +1,27 @@
+# fairway's entry points. `make run` and `make test` need only Rust and the PostgreSQL server
+# binaries (Debian/Ubuntu: apt-get install postgresql); nothing has to be running.
+
+CARGO ?= cargo
+# The throwaway cluster `make test` starts when DATABASE_URL is not set.
+TEST_PG_DATA ?= target/test-postgres
+
+.PHONY: run test lint bench bench-quick
+
+## Build and start the broker on 127.0.0.1:8080, on its private PostgreSQL unless DATABASE_URL is set.
+run:
+	$(CARGO) run --release -- serve
+
+## Run every test against a real PostgreSQL: DATABASE_URL if set, else a throwaway cluster.
+test:
+ifdef DATABASE_URL
+	$(CARGO) test --all-targets
+else
+	$(CARGO) build --bin fairway
+	./target/debug/fairway postgres --data-dir $(TEST_PG_DATA) --ephemeral -- $(CARGO) test --all-targets
+endif
+
+## What CI checks besides the tests.
+lint:
+	$(CARGO) fmt --check
+	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) check --tests --features containers
