@@ -100,5 +100,7 @@ CREATE INDEX work_items_ready ON work_items (job_id, step_index, id) WHERE statu
 -- The reaper's probe for expired leases.
 CREATE INDEX work_items_leases ON work_items (lease_expires_at) WHERE status = 'running';
 
--- Cancel, aggregation and the consistency check read a job step's items.
-CREATE INDEX work_items_by_step ON work_items (job_id, step_index, id);
+-- Cancel and aggregation read a job step's items that are not ready. Excluding ready items
+-- keeps the planner from picking the next item through this index with a filter on status,
+-- which would step over every finished item of the job.
+CREATE INDEX work_items_by_step ON work_items (job_id, step_index, id) WHERE status <> 'ready';

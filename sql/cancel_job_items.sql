@@ -4,7 +4,8 @@ WITH doomed AS (
     SELECT id, step_index, status
       FROM work_items
      WHERE job_id = $1
-       AND status IN ('ready', 'running')
+       -- Spelled as OR so that each arm can use its own partial index.
+       AND (status = 'ready' OR status = 'running')
        FOR NO KEY UPDATE
 ), canceled AS (
     UPDATE work_items wi

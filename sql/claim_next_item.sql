@@ -17,10 +17,13 @@ WITH chosen_user AS (
      LIMIT 1
        FOR NO KEY UPDATE OF u SKIP LOCKED
 ), chosen_step AS (
+    -- Compared with scalar subqueries rather than joined, so that the index's leading columns
+    -- are bound and it yields rows already in order: no sort of the user's jobs or the job's
+    -- items, however many there are.
     SELECT uw.job_id, uw.step_index
       FROM user_work uw
-      JOIN chosen_user cu ON cu.username = uw.username
      WHERE uw.service = $1
+       AND uw.username = (SELECT username FROM chosen_user)
        AND uw.ready_count > 0
        AND NOT uw.paused
      ORDER BY uw.is_async, uw.last_worked NULLS FIRST, uw.job_id, uw.step_index
@@ -28,8 +31,9 @@ WITH chosen_user AS (
 ), chosen_item AS (
     SELECT wi.id
       FROM work_items wi
-      JOIN chosen_step cs ON cs.job_id = wi.job_id AND cs.step_index = wi.step_index
-     WHERE wi.status = 'ready'
+     WHERE wi.job_id = (SELECT job_id FROM chosen_step)
+       AND wi.step_index = (SELECT step_index FROM chosen_step)
+       AND wi.status = 'ready'
      ORDER BY wi.id
      LIMIT 1
        FOR NO KEY UPDATE OF wi SKIP LOCKED
