@@ -1,7 +1,8 @@
 -- Moves the item counts of job $1's step $2 by the deltas $3 ready, $4 running, $5 successful,
 -- $6 failed, $7 canceled, and keeps the user's users and service_users rows in step, in the
 -- transaction that moved the items. The caller holds the user's users row. Returns the step's
--- service and whether it is paused.
+-- service and whether the user's claimable work for it went from none to some: only then can a
+-- worker of the service be waiting, so only then is a notification worth its commit-time lock.
 WITH step AS (
     UPDATE user_work
        SET ready_count = ready_count + $3,
@@ -28,6 +29,14 @@ WITH step AS (
       LEFT JOIN user_counts uc ON true
      WHERE su.username = step.username
        AND (uc.username IS NOT NULL OR (su.service = step.service AND NOT step.paused AND $3 <> 0))
+ RETURNING su.service, su.ready_count
 )
-SELECT step.service, step.paused
+SELECT step.service,
+       EXISTS (
+           SELECT 1
+             FROM queue_counts qc
+            WHERE qc.service = step.service
+              AND qc.ready_count > 0
+              AND qc.ready_count <= $3
+       ) AS became_claimable
   FROM step;

@@ -7,11 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "fairway",
-    version,
-    about = "A fair-queueing work broker on PostgreSQL"
-)]
+#[command(name = "fairway", version, about = "A fair-queueing work broker on PostgreSQL")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -55,13 +55,10 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         }
     };
     let served = async {
-        let app = Application::build(&args, &database_url)
-            .await
-            .map_err(|error| error.to_string())?;
+        let app =
+            Application::build(&args, &database_url).await.map_err(|error| error.to_string())?;
         tracing::info!(address = %args.bind, "fairway is serving");
-        app.run_until_stopped()
-            .await
-            .map_err(|error| error.to_string())
+        app.run_until_stopped().await.map_err(|error| error.to_string())
     }
     .await;
     if let Some(server) = private_server {

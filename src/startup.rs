@@ -19,10 +19,7 @@ pub enum StartupError {
     #[error(transparent)]
     Database(#[from] DbError),
     #[error("cannot listen on {address}: {source}")]
-    Bind {
-        address: String,
-        source: std::io::Error,
-    },
+    Bind { address: String, source: std::io::Error },
 }
 
 /// A broker bound to its port, ready to run.
@@ -41,26 +38,18 @@ impl Application {
         db::migrations::run(&pool).await?;
 
         let signals = WorkSignals::default();
-        let settings = BrokerSettings {
-            lease: args.lease,
-            max_retries: args.max_retries,
-        };
+        let settings = BrokerSettings { lease: args.lease, max_retries: args.max_retries };
         let broker = Broker::new(pool, settings, signals.clone());
         let background = vec![
             tokio::spawn(db::listener::listen_for_work(config, signals)),
             tokio::spawn(reap_expired_leases(broker.clone(), args.reap_interval)),
         ];
 
-        let listener = TcpListener::bind(args.bind).map_err(|source| StartupError::Bind {
-            address: args.bind.to_string(),
-            source,
-        })?;
+        let listener = TcpListener::bind(args.bind)
+            .map_err(|source| StartupError::Bind { address: args.bind.to_string(), source })?;
         let port = listener
             .local_addr()
-            .map_err(|source| StartupError::Bind {
-                address: args.bind.to_string(),
-                source,
-            })?
+            .map_err(|source| StartupError::Bind { address: args.bind.to_string(), source })?
             .port();
         let data = web::Data::new(broker.clone());
         let max_body_bytes = args.max_body_bytes;
@@ -71,17 +60,9 @@ impl Application {
                 .configure(crate::http::configure(max_body_bytes))
         })
         .listen(listener)
-        .map_err(|source| StartupError::Bind {
-            address: args.bind.to_string(),
-            source,
-        })?
+        .map_err(|source| StartupError::Bind { address: args.bind.to_string(), source })?
         .run();
-        Ok(Self {
-            server,
-            port,
-            broker,
-            background,
-        })
+        Ok(Self { server, port, broker, background })
     }
 
     pub fn port(&self) -> u16 {

@@ -71,9 +71,7 @@ async fn claim_one(
             return Ok(Some(row));
         }
         if !wait_if_contended
-            || sql::query_opt(tx, LOCK_BEST_READY_USER, &[service])
-                .await?
-                .is_none()
+            || sql::query_opt(tx, LOCK_BEST_READY_USER, &[service]).await?.is_none()
         {
             return Ok(None);
         }

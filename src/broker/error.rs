@@ -28,24 +28,15 @@ pub enum BrokerError {
 
 impl BrokerError {
     pub fn invalid(code: &'static str, message: impl Into<String>) -> Self {
-        Self::Invalid {
-            code,
-            message: message.into(),
-        }
+        Self::Invalid { code, message: message.into() }
     }
 
     pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
-        Self::NotFound {
-            code,
-            message: message.into(),
-        }
+        Self::NotFound { code, message: message.into() }
     }
 
     pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
-        Self::Conflict {
-            code,
-            message: message.into(),
-        }
+        Self::Conflict { code, message: message.into() }
     }
 }
 

@@ -1,4 +1,5 @@
 use deadpool_postgres::GenericClient;
+use serde_json::Value;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
@@ -21,7 +22,7 @@ pub(super) struct StepDeltas {
 }
 
 /// Moves a step's counts (and the user's fair-order rows with them), and wakes waiting workers
-/// when the step gained claimable work. The caller holds the user's row lock.
+/// when the user's work for the service became claimable. The caller holds the user's row lock.
 pub(super) async fn apply_step_deltas(
     tx: &impl GenericClient,
     job_id: JobId,
@@ -45,9 +46,8 @@ pub(super) async fn apply_step_deltas(
     .ok_or_else(|| {
         BrokerError::not_found("step_not_found", format!("job {job_id} has no step {step}"))
     })?;
-    let service: String = row.try_get("service")?;
-    let paused: bool = row.try_get("paused")?;
-    if deltas.ready > 0 && !paused {
+    if row.try_get("became_claimable")? {
+        let service: String = row.try_get("service")?;
         sql::execute(tx, NOTIFY_WORK_READY, &[&service]).await?;
     }
     Ok(())
@@ -60,8 +60,6 @@ impl Broker {
         let user = job.user.as_str();
         let services: Vec<&str> = job.steps.iter().map(|step| step.service.as_str()).collect();
         let aggregates: Vec<bool> = job.steps.iter().map(|step| step.aggregate).collect();
-        let item_count = i32::try_from(job.payloads.len())
-            .map_err(|_| BrokerError::invalid("invalid_items", "too many items in one job"))?;
 
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
@@ -75,19 +73,34 @@ impl Broker {
         )
         .await?;
         sql::execute(&tx, CREATE_SERVICE_USERS, &[&user, &services]).await?;
-        sql::execute(&tx, INSERT_FIRST_STEP_ITEMS, &[&job_id.0, &job.payloads]).await?;
-        apply_step_deltas(
-            &tx,
-            job_id,
-            0,
-            StepDeltas {
-                ready: item_count,
-                ..Default::default()
-            },
-        )
-        .await?;
+        add_first_step_items(&tx, job_id, &job.payloads).await?;
         tx.commit().await?;
         Ok(job_id)
+    }
+
+    /// Adds ready items to the first step of an unfinished job, for producers that discover
+    /// work gradually. Refused once an aggregating step has its item: its inputs are final.
+    pub async fn append_items(
+        &self,
+        job_id: JobId,
+        payloads: &[Value],
+    ) -> Result<JobDocument, BrokerError> {
+        if payloads.is_empty() {
+            return Err(BrokerError::invalid("invalid_items", "add at least one item"));
+        }
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let job = lock_unfinished_job(&tx, job_id, "add items to").await?;
+        if job.steps.iter().any(|step| step.aggregate && step.total > 0) {
+            return Err(BrokerError::conflict(
+                "aggregation_started",
+                format!("job {job_id} has already aggregated its results; it takes no new items"),
+            ));
+        }
+        add_first_step_items(&tx, job_id, payloads).await?;
+        let job = read_job(&tx, job_id).await?;
+        tx.commit().await?;
+        Ok(job)
     }
 
     pub async fn get_job(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
@@ -102,12 +115,7 @@ impl Broker {
         let job = lock_unfinished_job(&tx, job_id, "pause").await?;
         if job.status != JobStatus::Paused {
             sql::query(&tx, SET_JOB_PAUSED, &[&job_id.0, &true]).await?;
-            sql::execute(
-                &tx,
-                SET_JOB_STATUS,
-                &[&job_id.0, &JobStatus::Paused.as_str()],
-            )
-            .await?;
+            sql::execute(&tx, SET_JOB_STATUS, &[&job_id.0, &JobStatus::Paused.as_str()]).await?;
         }
         let job = read_job(&tx, job_id).await?;
         tx.commit().await?;
@@ -124,15 +132,8 @@ impl Broker {
                 let service: String = row.try_get("service")?;
                 sql::execute(&tx, NOTIFY_WORK_READY, &[&service]).await?;
             }
-            let started = job
-                .steps
-                .iter()
-                .any(|step| step.total > i64::from(step.ready));
-            let status = if started {
-                JobStatus::Running
-            } else {
-                JobStatus::Accepted
-            };
+            let started = job.steps.iter().any(|step| step.total > i64::from(step.ready));
+            let status = if started { JobStatus::Running } else { JobStatus::Accepted };
             sql::execute(&tx, SET_JOB_STATUS, &[&job_id.0, &status.as_str()]).await?;
         }
         let job = read_job(&tx, job_id).await?;
@@ -164,16 +165,23 @@ impl Broker {
             };
             apply_step_deltas(&tx, job_id, step, deltas).await?;
         }
-        sql::execute(
-            &tx,
-            SET_JOB_STATUS,
-            &[&job_id.0, &JobStatus::Canceled.as_str()],
-        )
-        .await?;
+        sql::execute(&tx, SET_JOB_STATUS, &[&job_id.0, &JobStatus::Canceled.as_str()]).await?;
         let job = read_job(&tx, job_id).await?;
         tx.commit().await?;
         Ok(job)
     }
+}
+
+async fn add_first_step_items(
+    tx: &impl GenericClient,
+    job_id: JobId,
+    payloads: &[Value],
+) -> Result<(), BrokerError> {
+    let count = i32::try_from(payloads.len())
+        .map_err(|_| BrokerError::invalid("invalid_items", "too many items at once"))?;
+    sql::execute(tx, INSERT_FIRST_STEP_ITEMS, &[&job_id.0, &payloads]).await?;
+    let deltas = StepDeltas { ready: count, ..Default::default() };
+    apply_step_deltas(tx, job_id, 0, deltas).await
 }
 
 async fn lock_job_owner(tx: &impl GenericClient, job_id: JobId) -> Result<(), BrokerError> {
@@ -203,10 +211,7 @@ fn job_not_found(job_id: JobId) -> BrokerError {
 fn job_finished(job_id: JobId, status: JobStatus, action: &str) -> BrokerError {
     BrokerError::conflict(
         "job_finished",
-        format!(
-            "cannot {action} job {job_id}: it is already {}",
-            status.as_str()
-        ),
+        format!("cannot {action} job {job_id}: it is already {}", status.as_str()),
     )
 }
 
@@ -244,10 +249,7 @@ fn step_document(row: &Row) -> Result<StepDocument, BrokerError> {
     Ok(StepDocument {
         service: row.try_get("service")?,
         aggregate: row.try_get("aggregate")?,
-        total: [ready, running, successful, failed, canceled]
-            .iter()
-            .map(|&n| i64::from(n))
-            .sum(),
+        total: [ready, running, successful, failed, canceled].iter().map(|&n| i64::from(n)).sum(),
         ready,
         running,
         successful,

@@ -36,11 +36,7 @@ pub struct Broker {
 
 impl Broker {
     pub fn new(pool: Pool, settings: BrokerSettings, signals: WorkSignals) -> Self {
-        Self {
-            pool,
-            settings,
-            signals,
-        }
+        Self { pool, settings, signals }
     }
 
     pub fn settings(&self) -> BrokerSettings {

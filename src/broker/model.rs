@@ -121,10 +121,7 @@ impl NewJob {
         payloads: Vec<Value>,
     ) -> Result<Self, BrokerError> {
         if steps.is_empty() {
-            return Err(BrokerError::invalid(
-                "invalid_steps",
-                "a job needs at least one step",
-            ));
+            return Err(BrokerError::invalid("invalid_steps", "a job needs at least one step"));
         }
         if steps[0].aggregate {
             return Err(BrokerError::invalid(
@@ -133,17 +130,9 @@ impl NewJob {
             ));
         }
         if payloads.is_empty() {
-            return Err(BrokerError::invalid(
-                "invalid_items",
-                "a job needs at least one item",
-            ));
+            return Err(BrokerError::invalid("invalid_items", "a job needs at least one item"));
         }
-        Ok(Self {
-            user,
-            is_async,
-            steps,
-            payloads,
-        })
+        Ok(Self { user, is_async, steps, payloads })
     }
 }
 
@@ -190,10 +179,7 @@ impl JobStatus {
     }
 
     pub fn is_finished(self) -> bool {
-        matches!(
-            self,
-            Self::Successful | Self::CompleteWithErrors | Self::Failed | Self::Canceled
-        )
+        matches!(self, Self::Successful | Self::CompleteWithErrors | Self::Failed | Self::Canceled)
     }
 }
 

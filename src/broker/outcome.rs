@@ -12,10 +12,7 @@ use super::{Broker, BrokerError};
 /// How an attempt ended, as recorded on the item.
 enum Ending {
     Successful(Vec<Value>),
-    Failed {
-        error: Option<String>,
-        retryable: bool,
-    },
+    Failed { error: Option<String>, retryable: bool },
 }
 
 /// Whether an ending applies to any running attempt, or only to one whose lease has expired.
@@ -45,19 +42,12 @@ impl Broker {
                     .map(|_| ItemStatus::Running)
             }
             StatusUpdate::Successful { results } => {
-                self.end_attempt(
-                    &tx,
-                    id,
-                    attempt,
-                    Ending::Successful(results),
-                    LeaseCondition::Any,
-                )
-                .await?
+                self.end_attempt(&tx, id, attempt, Ending::Successful(results), LeaseCondition::Any)
+                    .await?
             }
             StatusUpdate::Failed { error, retryable } => {
                 let ending = Ending::Failed { error, retryable };
-                self.end_attempt(&tx, id, attempt, ending, LeaseCondition::Any)
-                    .await?
+                self.end_attempt(&tx, id, attempt, ending, LeaseCondition::Any).await?
             }
         };
         match status {
@@ -83,14 +73,9 @@ impl Broker {
             let attempt: i32 = row.try_get("attempt")?;
             let mut client = self.client().await?;
             let tx = client.transaction().await?;
-            let ending = Ending::Failed {
-                error: Some("lease expired".to_owned()),
-                retryable: true,
-            };
-            if self
-                .end_attempt(&tx, id, attempt, ending, LeaseCondition::Expired)
-                .await?
-                .is_some()
+            let ending =
+                Ending::Failed { error: Some("lease expired".to_owned()), retryable: true };
+            if self.end_attempt(&tx, id, attempt, ending, LeaseCondition::Expired).await?.is_some()
             {
                 tx.commit().await?;
                 reaped += 1;
@@ -109,10 +94,7 @@ impl Broker {
         ending: Ending,
         condition: LeaseCondition,
     ) -> Result<Option<ItemStatus>, BrokerError> {
-        if sql::query_opt(tx, LOCK_ITEM_OWNER, &[&id.0])
-            .await?
-            .is_none()
-        {
+        if sql::query_opt(tx, LOCK_ITEM_OWNER, &[&id.0]).await?.is_none() {
             return Err(item_not_found(id));
         }
         let retry_allowed = i64::from(attempt) <= i64::from(self.settings.max_retries);
@@ -120,24 +102,16 @@ impl Broker {
             Ending::Successful(results) => {
                 (ItemStatus::Successful, Some(Value::Array(results)), None)
             }
-            Ending::Failed {
-                error,
-                retryable: true,
-            } if retry_allowed => (ItemStatus::Ready, None, error),
+            Ending::Failed { error, retryable: true } if retry_allowed => {
+                (ItemStatus::Ready, None, error)
+            }
             Ending::Failed { error, .. } => (ItemStatus::Failed, None, error),
         };
         let expired_only = condition == LeaseCondition::Expired;
         let Some(row) = sql::query_opt(
             tx,
             FINISH_ITEM,
-            &[
-                &id.0,
-                &attempt,
-                &status.as_str(),
-                &results,
-                &error,
-                &expired_only,
-            ],
+            &[&id.0, &attempt, &status.as_str(), &results, &error, &expired_only],
         )
         .await?
         else {
@@ -146,10 +120,7 @@ impl Broker {
         let job_id = JobId(row.try_get("job_id")?);
         let step: i32 = row.try_get("step_index")?;
 
-        let mut deltas = StepDeltas {
-            running: -1,
-            ..Default::default()
-        };
+        let mut deltas = StepDeltas { running: -1, ..Default::default() };
         match status {
             ItemStatus::Ready => deltas.ready = 1,
             ItemStatus::Successful => deltas.successful = 1,
@@ -163,10 +134,7 @@ impl Broker {
         if status != ItemStatus::Ready {
             if let Some(row) = sql::query_opt(tx, INSERT_AGGREGATE_ITEM, &[&job_id.0]).await? {
                 let aggregate_step: i32 = row.try_get("step_index")?;
-                let ready = StepDeltas {
-                    ready: 1,
-                    ..Default::default()
-                };
+                let ready = StepDeltas { ready: 1, ..Default::default() };
                 apply_step_deltas(tx, job_id, aggregate_step, ready).await?;
             }
         }
@@ -195,10 +163,7 @@ async fn fan_out(
         .transpose()?
         .unwrap_or(0);
     if created > 0 {
-        let ready = StepDeltas {
-            ready: created,
-            ..Default::default()
-        };
+        let ready = StepDeltas { ready: created, ..Default::default() };
         apply_step_deltas(tx, job_id, step + 1, ready).await?;
     }
     Ok(())

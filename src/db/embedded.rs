@@ -95,17 +95,10 @@ pub enum EmbeddedError {
         requested.display(),
         fallback.display()
     )]
-    DataDirUnreachable {
-        requested: PathBuf,
-        fallback: PathBuf,
-    },
+    DataDirUnreachable { requested: PathBuf, fallback: PathBuf },
 
     #[error("initdb failed for {} ({status}):\n{output}", data_dir.display())]
-    Initdb {
-        data_dir: PathBuf,
-        status: String,
-        output: String,
-    },
+    Initdb { data_dir: PathBuf, status: String, output: String },
 
     #[error(
         "PostgreSQL failed to start on {} ({status}); pg_ctl said:\n{output}\n\
@@ -113,13 +106,7 @@ pub enum EmbeddedError {
         data_dir.display(),
         log.display()
     )]
-    Start {
-        data_dir: PathBuf,
-        status: String,
-        output: String,
-        log: PathBuf,
-        log_tail: String,
-    },
+    Start { data_dir: PathBuf, status: String, output: String, log: PathBuf, log_tail: String },
 
     #[error(
         "pg_ctl reports a server running on {}, but its postmaster.pid is unusable ({detail}); \
@@ -133,13 +120,7 @@ pub enum EmbeddedError {
         data_dir.display(),
         log.display()
     )]
-    Stop {
-        data_dir: PathBuf,
-        status: String,
-        output: String,
-        log: PathBuf,
-        log_tail: String,
-    },
+    Stop { data_dir: PathBuf, status: String, output: String, log: PathBuf, log_tail: String },
 
     #[error("cannot connect to the private PostgreSQL server ({connection}): {source}")]
     Connect {
@@ -197,11 +178,7 @@ impl Tools {
         let path = self.bin_dir.join(tool);
         let mut command = tokio::process::Command::from(self.command(tool));
         command.args(args).stdin(Stdio::null());
-        command.output().await.map_err(|source| EmbeddedError::Io {
-            action: "run",
-            path,
-            source,
-        })
+        command.output().await.map_err(|source| EmbeddedError::Io { action: "run", path, source })
     }
 }
 
@@ -292,10 +269,8 @@ impl EmbeddedPostgres {
                 tracing::debug!(%error, "connection to the private server ended");
             }
         });
-        let create_error = |source| EmbeddedError::CreateDatabase {
-            name: dbname.to_owned(),
-            source,
-        };
+        let create_error =
+            |source| EmbeddedError::CreateDatabase { name: dbname.to_owned(), source };
         let exists = client
             .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&dbname])
             .await
@@ -384,10 +359,7 @@ impl EmbeddedPostgres {
     ) -> Result<Self, EmbeddedError> {
         let run_as = if Uid::effective().is_root() {
             match User::from_name(SYSTEM_USER) {
-                Ok(Some(user)) => Some(RunAs {
-                    uid: user.uid,
-                    gid: user.gid,
-                }),
+                Ok(Some(user)) => Some(RunAs { uid: user.uid, gid: user.gid }),
                 Ok(None) => return Err(EmbeddedError::NoPostgresUser),
                 Err(error) => return Err(EmbeddedError::UserLookup(error)),
             }
@@ -413,10 +385,7 @@ impl EmbeddedPostgres {
         let mut server = EmbeddedPostgres {
             host: String::new(),
             port: PORT,
-            tools: Tools {
-                bin_dir: PathBuf::new(),
-                run_as,
-            },
+            tools: Tools { bin_dir: PathBuf::new(), run_as },
             started_by_us: false,
             ephemeral,
             created_dirs,
@@ -444,17 +413,14 @@ impl EmbeddedPostgres {
     /// Finds the binaries, initialises the cluster if needed and starts (or adopts) the server.
     async fn boot(&mut self, pg_bin: Option<&Path>) -> Result<(), EmbeddedError> {
         let version_file = self.data_dir.join("PG_VERSION");
-        let cluster_version = std::fs::read_to_string(&version_file)
-            .ok()
-            .map(|text| text.trim().to_owned());
+        let cluster_version =
+            std::fs::read_to_string(&version_file).ok().map(|text| text.trim().to_owned());
         self.tools.bin_dir = discover_binaries(pg_bin, cluster_version.as_deref())?;
         let data_arg = self.data_dir.clone().into_os_string();
 
         if cluster_version.is_some() {
-            let status = self
-                .tools
-                .output("pg_ctl", &["status".as_ref(), "-D".as_ref(), &data_arg])
-                .await?;
+            let status =
+                self.tools.output("pg_ctl", &["status".as_ref(), "-D".as_ref(), &data_arg]).await?;
             // pg_ctl status exits 0 exactly when a server is running on the directory.
             if status.status.success() {
                 return self.adopt_running_server();
@@ -655,10 +621,7 @@ async fn run_child(
         .args(rest)
         .env("DATABASE_URL", server.connection_string(&args.database))
         .spawn()
-        .map_err(|source| EmbeddedError::Command {
-            command: program.to_owned(),
-            source,
-        })?;
+        .map_err(|source| EmbeddedError::Command { command: program.to_owned(), source })?;
     let waited = tokio::select! {
         status = child.wait() => status,
         sig = signals.next() => {
@@ -676,10 +639,8 @@ async fn run_child(
             }
         }
     };
-    let status = waited.map_err(|source| EmbeddedError::Command {
-        command: program.to_owned(),
-        source,
-    })?;
+    let status =
+        waited.map_err(|source| EmbeddedError::Command { command: program.to_owned(), source })?;
     Ok(exit_code(status))
 }
 
@@ -729,10 +690,7 @@ impl SignalWatch {
 }
 
 fn exit_code(status: ExitStatus) -> i32 {
-    status
-        .code()
-        .or_else(|| status.signal().map(|sig| 128 + sig))
-        .unwrap_or(1)
+    status.code().or_else(|| status.signal().map(|sig| 128 + sig)).unwrap_or(1)
 }
 
 /// A data directory of its own for an ephemeral run without --data-dir.
@@ -741,10 +699,7 @@ fn fresh_ephemeral_dir() -> PathBuf {
         .duration_since(UNIX_EPOCH)
         .map(|elapsed| elapsed.subsec_nanos())
         .unwrap_or(0);
-    std::env::temp_dir().join(format!(
-        "fairway-ephemeral-{}-{nanos:08x}",
-        std::process::id()
-    ))
+    std::env::temp_dir().join(format!("fairway-ephemeral-{}-{nanos:08x}", std::process::id()))
 }
 
 /// Creates `requested` for the server's user, falling back (as root) to a directory under
@@ -773,21 +728,14 @@ async fn prepare_data_dir(
         Ok((fallback, created))
     } else {
         remove_empty_dirs(&created);
-        Err(EmbeddedError::DataDirUnreachable {
-            requested: requested.to_path_buf(),
-            fallback,
-        })
+        Err(EmbeddedError::DataDirUnreachable { requested: requested.to_path_buf(), fallback })
     }
 }
 
 /// Creates the data directory (mode 700) and missing parents, and hands it to `run_as`.
 /// Refuses a non-empty directory that is not a cluster before touching it.
 fn create_data_dir(dir: &Path, run_as: Option<&RunAs>) -> Result<Vec<PathBuf>, EmbeddedError> {
-    let io_error = |action, source| EmbeddedError::Io {
-        action,
-        path: dir.to_path_buf(),
-        source,
-    };
+    let io_error = |action, source| EmbeddedError::Io { action, path: dir.to_path_buf(), source };
     if dir.exists() {
         let mut entries = std::fs::read_dir(dir).map_err(|e| io_error("read", e))?;
         if entries.next().is_some() && !dir.join("PG_VERSION").is_file() {
@@ -808,13 +756,7 @@ fn create_data_dir(dir: &Path, run_as: Option<&RunAs>) -> Result<Vec<PathBuf>, E
         std::fs::DirBuilder::new()
             .mode(if leaf { 0o700 } else { 0o755 })
             .create(path)
-            .or_else(|e| {
-                if e.kind() == io::ErrorKind::AlreadyExists {
-                    Ok(())
-                } else {
-                    Err(e)
-                }
-            })
+            .or_else(|e| if e.kind() == io::ErrorKind::AlreadyExists { Ok(()) } else { Err(e) })
             .map_err(|source| EmbeddedError::Io {
                 action: "create directory",
                 path: path.clone(),
@@ -837,15 +779,9 @@ fn create_data_dir(dir: &Path, run_as: Option<&RunAs>) -> Result<Vec<PathBuf>, E
 
 /// Creates a directory owned by the server's user (socket directories).
 fn create_owned_dir(dir: &Path, run_as: Option<&RunAs>) -> Result<(), EmbeddedError> {
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .recursive(true)
-        .create(dir)
-        .map_err(|source| EmbeddedError::Io {
-            action: "create directory",
-            path: dir.to_path_buf(),
-            source,
-        })?;
+    std::fs::DirBuilder::new().mode(0o700).recursive(true).create(dir).map_err(|source| {
+        EmbeddedError::Io { action: "create directory", path: dir.to_path_buf(), source }
+    })?;
     chown_to(dir, run_as)
 }
 
@@ -873,11 +809,7 @@ fn chown_to(dir: &Path, run_as: Option<&RunAs>) -> Result<(), EmbeddedError> {
 async fn user_can_use_dir(user: &RunAs, dir: &Path) -> Result<bool, EmbeddedError> {
     let mut command = tokio::process::Command::from(command_as(Path::new("/bin/sh"), Some(user)));
     command
-        .args([
-            "-c",
-            r#"test -r "$1" && test -w "$1" && test -x "$1""#,
-            "fairway-check",
-        ])
+        .args(["-c", r#"test -r "$1" && test -w "$1" && test -x "$1""#, "fairway-check"])
         .arg(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -912,13 +844,9 @@ fn default_data_dir(
     if is_root {
         return Some(PathBuf::from("/var/lib/fairway/postgres"));
     }
-    let base = xdg_data_home
-        .map(PathBuf::from)
-        .filter(|dir| dir.is_absolute())
-        .or_else(|| {
-            home.filter(|home| !home.is_empty())
-                .map(|home| PathBuf::from(home).join(".local/share"))
-        })?;
+    let base = xdg_data_home.map(PathBuf::from).filter(|dir| dir.is_absolute()).or_else(|| {
+        home.filter(|home| !home.is_empty()).map(|home| PathBuf::from(home).join(".local/share"))
+    })?;
     Some(base.join("fairway").join("postgres"))
 }
 
@@ -930,13 +858,7 @@ fn fallback_data_dir(temp_dir: &Path, requested: &Path) -> PathBuf {
         .map(|name| name.to_string_lossy().into_owned())
         .unwrap_or_else(|| "postgres".to_owned())
         .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
+        .map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' })
         .take(40)
         .collect();
     temp_dir.join(format!("fairway-{name}-{:08x}", path_hash(requested)))
@@ -984,11 +906,7 @@ fn shell_quote(value: &str) -> String {
 
 /// Quotes a value for a libpq key=value connection string when it needs it.
 fn quote_conn_value(value: &str) -> String {
-    if !value.is_empty()
-        && !value
-            .chars()
-            .any(|c| c.is_whitespace() || c == '\'' || c == '\\')
-    {
+    if !value.is_empty() && !value.chars().any(|c| c.is_whitespace() || c == '\'' || c == '\\') {
         return value.to_owned();
     }
     format!("'{}'", value.replace('\\', r"\\").replace('\'', r"\'"))
@@ -1029,10 +947,7 @@ fn discover_binaries(
             return Ok(dir.to_path_buf());
         }
         return Err(EmbeddedError::BinariesNotFound {
-            searched: format!(
-                "--pg-bin {} has no executable initdb and pg_ctl",
-                dir.display()
-            ),
+            searched: format!("--pg-bin {} has no executable initdb and pg_ctl", dir.display()),
         });
     }
     let versions = std::fs::read_dir(VERSIONED_ROOT)
@@ -1043,12 +958,9 @@ fn discover_binaries(
                 .collect()
         })
         .unwrap_or_default();
-    if let Some(dir) = choose_versioned(
-        Path::new(VERSIONED_ROOT),
-        versions,
-        cluster_version,
-        has_tools,
-    ) {
+    if let Some(dir) =
+        choose_versioned(Path::new(VERSIONED_ROOT), versions, cluster_version, has_tools)
+    {
         return Ok(dir);
     }
     if let Some(dir) = std::env::var_os("PATH").and_then(|path| {
@@ -1071,10 +983,8 @@ fn choose_versioned(
     preferred: Option<&str>,
     usable: impl Fn(&Path) -> bool,
 ) -> Option<PathBuf> {
-    let mut keyed: Vec<(Vec<u32>, String)> = versions
-        .into_iter()
-        .filter_map(|name| Some((version_key(&name)?, name)))
-        .collect();
+    let mut keyed: Vec<(Vec<u32>, String)> =
+        versions.into_iter().filter_map(|name| Some((version_key(&name)?, name))).collect();
     keyed.sort_by(|a, b| b.0.cmp(&a.0));
     let bin = |name: &str| root.join(name).join("bin");
     if let Some(preferred) = preferred {
@@ -1082,10 +992,7 @@ fn choose_versioned(
             return Some(bin(preferred));
         }
     }
-    keyed
-        .into_iter()
-        .map(|(_, name)| bin(&name))
-        .find(|dir| usable(dir))
+    keyed.into_iter().map(|(_, name)| bin(&name)).find(|dir| usable(dir))
 }
 
 fn version_key(name: &str) -> Option<Vec<u32>> {
@@ -1135,28 +1042,17 @@ mod tests {
     #[test]
     fn newest_usable_version_wins_numerically() {
         let root = Path::new("/usr/lib/postgresql");
-        let names = ["9.6", "15", "10", "16", "notes"]
-            .map(String::from)
-            .to_vec();
+        let names = ["9.6", "15", "10", "16", "notes"].map(String::from).to_vec();
         let all = |_: &Path| true;
-        assert_eq!(
-            choose_versioned(root, names.clone(), None, all),
-            Some(root.join("16/bin"))
-        );
+        assert_eq!(choose_versioned(root, names.clone(), None, all), Some(root.join("16/bin")));
         let no_16 = |dir: &Path| !dir.starts_with("/usr/lib/postgresql/16");
-        assert_eq!(
-            choose_versioned(root, names.clone(), None, no_16),
-            Some(root.join("15/bin"))
-        );
+        assert_eq!(choose_versioned(root, names.clone(), None, no_16), Some(root.join("15/bin")));
         assert_eq!(
             choose_versioned(root, names.clone(), Some("10"), all),
             Some(root.join("10/bin"))
         );
         // An uninstalled cluster version falls back to the newest.
-        assert_eq!(
-            choose_versioned(root, names, Some("14"), all),
-            Some(root.join("16/bin"))
-        );
+        assert_eq!(choose_versioned(root, names, Some("14"), all), Some(root.join("16/bin")));
         assert_eq!(choose_versioned(root, vec!["x".into()], None, all), None);
     }
 
@@ -1195,16 +1091,10 @@ mod tests {
     #[test]
     fn fallback_data_dir_is_named_after_the_requested_one() {
         let dir = fallback_data_dir(Path::new("/tmp"), Path::new("/root/repo/target/pg test"));
-        let name = dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         assert!(name.starts_with("fairway-pg_test-"), "{name}");
         assert_eq!(dir.parent(), Some(Path::new("/tmp")));
-        assert_ne!(
-            dir,
-            fallback_data_dir(Path::new("/tmp"), Path::new("/other/pg test"))
-        );
+        assert_ne!(dir, fallback_data_dir(Path::new("/tmp"), Path::new("/other/pg test")));
     }
 
     #[test]
@@ -1213,10 +1103,7 @@ mod tests {
             data_dir: PathBuf::from("/d"),
             host: "/path with space/it's".to_owned(),
             port: 5432,
-            tools: Tools {
-                bin_dir: PathBuf::new(),
-                run_as: None,
-            },
+            tools: Tools { bin_dir: PathBuf::new(), run_as: None },
             started_by_us: false,
             ephemeral: false,
             created_dirs: Vec::new(),
@@ -1234,9 +1121,7 @@ mod tests {
         assert_eq!(config.get_ports(), &[5432]);
         assert_eq!(
             config.get_hosts(),
-            &[tokio_postgres::config::Host::Unix(PathBuf::from(
-                "/path with space/it's"
-            ))]
+            &[tokio_postgres::config::Host::Unix(PathBuf::from("/path with space/it's"))]
         );
         assert_eq!(
             server.connection_string("fairway"),
@@ -1248,15 +1133,9 @@ mod tests {
     #[test]
     fn postmaster_pid_gives_socket_dir_and_port() {
         let text = "123\n/data\n1700000000\n5433\n/data/socket\n\n  1234 5\nready   \n";
-        assert_eq!(
-            parse_postmaster_pid(text),
-            Some(("/data/socket".to_owned(), 5433))
-        );
+        assert_eq!(parse_postmaster_pid(text), Some(("/data/socket".to_owned(), 5433)));
         let tcp = "123\n/data\n1700000000\n5432\n\n*\n";
-        assert_eq!(
-            parse_postmaster_pid(tcp),
-            Some(("localhost".to_owned(), 5432))
-        );
+        assert_eq!(parse_postmaster_pid(tcp), Some(("localhost".to_owned(), 5432)));
         assert_eq!(parse_postmaster_pid("123\n/data\n"), None);
     }
 

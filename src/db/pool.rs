@@ -20,9 +20,7 @@ pub fn connect(config: tokio_postgres::Config, size: usize) -> Result<Pool, DbEr
     let manager = Manager::from_config(
         config,
         NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
+        ManagerConfig { recycling_method: RecyclingMethod::Fast },
     );
     Pool::builder(manager)
         .max_size(size)

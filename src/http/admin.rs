@@ -38,9 +38,7 @@ async fn user_work(
             format!("limit must be between 1 and {MAX_ROWS}"),
         ));
     }
-    let rows = broker
-        .user_work(non_empty(&query.service), non_empty(&query.user), limit)
-        .await?;
+    let rows = broker.user_work(non_empty(&query.service), non_empty(&query.user), limit).await?;
     Ok(HttpResponse::Ok().json(json!({ "rows": rows })))
 }
 

@@ -24,10 +24,7 @@ pub enum ApiError {
 
 impl ApiError {
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        Self::BadRequest {
-            code,
-            message: message.into(),
-        }
+        Self::BadRequest { code, message: message.into() }
     }
 
     fn code(&self) -> &'static str {

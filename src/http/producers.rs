@@ -13,6 +13,7 @@ pub fn routes(config: &mut web::ServiceConfig) {
     config
         .route("/jobs", web::post().to(submit_job))
         .route("/jobs/{job_id}", web::get().to(get_job))
+        .route("/jobs/{job_id}/items", web::post().to(append_items))
         .route("/jobs/{job_id}/pause", web::post().to(pause_job))
         .route("/jobs/{job_id}/resume", web::post().to(resume_job))
         .route("/jobs/{job_id}/cancel", web::post().to(cancel_job));
@@ -60,12 +61,7 @@ impl JobBody {
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
         let payloads = self.items.into_iter().map(|item| item.payload).collect();
-        Ok(NewJob::new(
-            UserName::parse(&self.user)?,
-            self.is_async,
-            steps,
-            payloads,
-        )?)
+        Ok(NewJob::new(UserName::parse(&self.user)?, self.is_async, steps, payloads)?)
     }
 }
 
@@ -76,6 +72,23 @@ async fn submit_job(
     let job = body.into_inner().validate()?;
     let job_id = broker.submit_job(&job).await?;
     Ok(HttpResponse::Created().json(json!({ "job_id": job_id, "status": "accepted" })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ItemsBody {
+    items: Vec<ItemBody>,
+}
+
+async fn append_items(
+    broker: web::Data<Broker>,
+    path: web::Path<Uuid>,
+    body: web::Json<ItemsBody>,
+) -> Result<HttpResponse, ApiError> {
+    let payloads: Vec<Value> =
+        body.into_inner().items.into_iter().map(|item| item.payload).collect();
+    let job = broker.append_items(JobId(path.into_inner()), &payloads).await?;
+    Ok(HttpResponse::Ok().json(job))
 }
 
 async fn get_job(

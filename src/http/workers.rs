@@ -38,10 +38,7 @@ fn one() -> u32 {
 }
 
 fn out_of_range(name: &str, low: u32, high: u32) -> ApiError {
-    ApiError::bad_request(
-        "invalid_query",
-        format!("{name} must be between {low} and {high}"),
-    )
+    ApiError::bad_request("invalid_query", format!("{name} must be between {low} and {high}"))
 }
 
 async fn get_work(
@@ -65,9 +62,7 @@ async fn get_work(
         worker: query.worker as i32,
         max: query.max as usize,
     };
-    let items = broker
-        .claim_waiting(&request, Duration::from_secs(u64::from(query.wait)))
-        .await?;
+    let items = broker.claim_waiting(&request, Duration::from_secs(u64::from(query.wait))).await?;
     if items.is_empty() {
         return Ok(HttpResponse::NoContent().finish());
     }
@@ -108,9 +103,9 @@ impl StatusBody {
         }
         Ok(match self.status {
             ReportedStatus::Running => StatusUpdate::Running,
-            ReportedStatus::Successful => StatusUpdate::Successful {
-                results: self.results.unwrap_or_default(),
-            },
+            ReportedStatus::Successful => {
+                StatusUpdate::Successful { results: self.results.unwrap_or_default() }
+            }
             ReportedStatus::Failed => StatusUpdate::Failed {
                 error: self.error,
                 retryable: self.retryable.unwrap_or(true),

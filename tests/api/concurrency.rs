@@ -16,10 +16,8 @@ async fn work_until_idle(app: Arc<TestApp>, worker: usize) -> Vec<i64> {
     let mut ids = Vec::new();
     loop {
         let max = 1 + worker % 3;
-        let query = format!(
-            "service=svc&querier=pod-{}&worker={worker}&max={max}&wait=1",
-            worker % 8
-        );
+        let query =
+            format!("service=svc&querier=pod-{}&worker={worker}&max={max}&wait=1", worker % 8);
         let items = app.claim_with(&query).await;
         if items.is_empty() {
             return ids;
@@ -39,12 +37,7 @@ async fn concurrent_claimers_on_two_brokers_get_each_item_exactly_once() {
     for user in 0..USERS {
         jobs.push(
             first
-                .submit_simple(
-                    &format!("user-{user}"),
-                    "svc",
-                    ITEMS_PER_USER,
-                    user % 2 == 0,
-                )
+                .submit_simple(&format!("user-{user}"), "svc", ITEMS_PER_USER, user % 2 == 0)
                 .await,
         );
     }
@@ -59,16 +52,8 @@ async fn concurrent_claimers_on_two_brokers_get_each_item_exactly_once() {
     }
 
     let unique: HashSet<i64> = handed_out.iter().copied().collect();
-    assert_eq!(
-        unique.len(),
-        handed_out.len(),
-        "an item was handed out twice"
-    );
-    assert_eq!(
-        handed_out.len(),
-        USERS * ITEMS_PER_USER,
-        "every item handed out"
-    );
+    assert_eq!(unique.len(), handed_out.len(), "an item was handed out twice");
+    assert_eq!(handed_out.len(), USERS * ITEMS_PER_USER, "every item handed out");
     let app = &brokers[0];
     for job in jobs {
         assert_eq!(app.job(job).await["status"], "successful");
@@ -81,11 +66,7 @@ async fn concurrent_claimers_on_two_brokers_get_each_item_exactly_once() {
         )
         .await
         .expect("count");
-    assert_eq!(
-        row.get::<_, i64>(0),
-        0,
-        "each item claimed once and finished"
-    );
+    assert_eq!(row.get::<_, i64>(0), 0, "each item claimed once and finished");
     app.assert_consistent().await;
     brokers[1].assert_consistent().await;
 }
@@ -99,19 +80,14 @@ async fn a_lone_user_gets_every_concurrent_worker() {
         .map(|worker| {
             let app = app.clone();
             tokio::spawn(async move {
-                app.claim_with(&format!("service=svc&querier=pod-{worker}"))
-                    .await
+                app.claim_with(&format!("service=svc&querier=pod-{worker}")).await
             })
         })
         .collect();
     let mut ids = HashSet::new();
     for handle in handles {
         let items: Vec<Value> = handle.await.expect("claimer");
-        assert_eq!(
-            items.len(),
-            1,
-            "no worker is turned away while alice has work"
-        );
+        assert_eq!(items.len(), 1, "no worker is turned away while alice has work");
         ids.insert(items[0]["id"].as_i64().expect("id"));
     }
     assert_eq!(ids.len(), WORKERS);

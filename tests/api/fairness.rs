@@ -19,10 +19,7 @@ async fn only_users_with_ready_work_for_the_service_are_considered() {
         assert_eq!(user_of(&item), "bob");
         assert_eq!(item["service"], "concat");
     }
-    assert!(
-        app.claim("concat").await.is_none(),
-        "alice's work is for another service"
-    );
+    assert!(app.claim("concat").await.is_none(), "alice's work is for another service");
     app.assert_consistent().await;
 }
 
@@ -102,12 +99,7 @@ async fn a_users_jobs_take_turns_by_least_recently_worked() {
     let second = app.submit_simple("alice", "svc", 3, true).await;
     let mut jobs = Vec::new();
     for _ in 0..4 {
-        jobs.push(
-            app.claim("svc").await.expect("item")["job_id"]
-                .as_str()
-                .expect("id")
-                .to_owned(),
-        );
+        jobs.push(app.claim("svc").await.expect("item")["job_id"].as_str().expect("id").to_owned());
     }
     // Never-worked jobs first, then alternating by least recently worked.
     assert_ne!(jobs[0], jobs[1]);
@@ -125,11 +117,7 @@ async fn items_of_a_job_go_out_lowest_id_first() {
     let mut ids = Vec::new();
     while let Some(item) = app.claim("svc").await {
         ids.push(item["id"].as_i64().expect("id"));
-        assert_eq!(
-            item["payload"]["n"],
-            ids.len() - 1,
-            "payloads in submission order"
-        );
+        assert_eq!(item["payload"]["n"], ids.len() - 1, "payloads in submission order");
     }
     let mut sorted = ids.clone();
     sorted.sort_unstable();
@@ -143,30 +131,16 @@ async fn a_claim_records_when_the_user_and_job_were_last_worked() {
     let app = spawn_app().await;
     let job = app.submit_simple("alice", "svc", 2, true).await;
     let rows = |body: Value| body["rows"].as_array().cloned().expect("rows");
-    let before = rows(
-        app.get("/admin/user-work?user=alice")
-            .await
-            .json()
-            .await
-            .expect("JSON"),
-    );
+    let before = rows(app.get("/admin/user-work?user=alice").await.json().await.expect("JSON"));
     assert_eq!(before.len(), 1);
     assert_eq!(before[0]["last_worked"], Value::Null);
     assert_eq!(before[0]["ready_count"], 2);
 
     app.claim("svc").await.expect("item");
-    let after = rows(
-        app.get("/admin/user-work?service=svc&user=alice")
-            .await
-            .json()
-            .await
-            .expect("JSON"),
-    );
+    let after =
+        rows(app.get("/admin/user-work?service=svc&user=alice").await.json().await.expect("JSON"));
     assert_eq!(after[0]["job_id"], job.to_string());
-    assert!(
-        after[0]["last_worked"].is_string(),
-        "last_worked set: {after:?}"
-    );
+    assert!(after[0]["last_worked"].is_string(), "last_worked set: {after:?}");
     assert_eq!(after[0]["ready_count"], 1);
     assert_eq!(after[0]["running_count"], 1);
     app.assert_consistent().await;
@@ -183,12 +157,7 @@ async fn two_users_share_claims_evenly_until_the_smaller_runs_out() {
     }
     assert_eq!(order.len(), 110);
     let small_in_first_20 = order[..20].iter().filter(|user| *user == "small").count();
-    assert_eq!(
-        small_in_first_20,
-        10,
-        "even shares while both have work: {:?}",
-        &order[..20]
-    );
+    assert_eq!(small_in_first_20, 10, "even shares while both have work: {:?}", &order[..20]);
     assert!(order[20..].iter().all(|user| user == "big"));
     app.assert_consistent().await;
 }

@@ -45,14 +45,9 @@ mod containers {
     pub async fn server_url() -> String {
         let (_, url) = CONTAINER
             .get_or_init(|| async {
-                let container = Postgres::default()
-                    .start()
-                    .await
-                    .expect("start a PostgreSQL container");
-                let port = container
-                    .get_host_port_ipv4(5432)
-                    .await
-                    .expect("container port");
+                let container =
+                    Postgres::default().start().await.expect("start a PostgreSQL container");
+                let port = container.get_host_port_ipv4(5432).await.expect("container port");
                 let url = format!(
                     "host=127.0.0.1 port={port} user=postgres password=postgres dbname=postgres"
                 );
@@ -87,13 +82,7 @@ fn template_name() -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for file in files {
         let bytes = std::fs::read(&file).expect("read migration");
-        for byte in file
-            .file_name()
-            .expect("file name")
-            .as_encoded_bytes()
-            .iter()
-            .chain(&bytes)
-        {
+        for byte in file.file_name().expect("file name").as_encoded_bytes().iter().chain(&bytes) {
             hash = (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3);
         }
     }
@@ -105,10 +94,7 @@ async fn template(url: &str) -> &'static str {
         .get_or_init(|| async {
             let name = template_name();
             let admin = connect(&url.parse().expect("DATABASE_URL parses")).await;
-            admin
-                .execute("SELECT pg_advisory_lock($1)", &[&TEMPLATE_LOCK])
-                .await
-                .expect("lock");
+            admin.execute("SELECT pg_advisory_lock($1)", &[&TEMPLATE_LOCK]).await.expect("lock");
             let exists = admin
                 .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
                 .await
@@ -120,9 +106,7 @@ async fn template(url: &str) -> &'static str {
                     .await
                     .expect("create template");
                 let pool = fairway::db::pool::connect(with_dbname(url, &name), 1).expect("pool");
-                fairway::db::migrations::run(&pool)
-                    .await
-                    .expect("migrate template");
+                fairway::db::migrations::run(&pool).await.expect("migrate template");
                 pool.close();
             }
             admin
@@ -141,9 +125,7 @@ pub async fn fresh_database() -> tokio_postgres::Config {
     let name = format!("fairway_test_{}", Uuid::new_v4().simple());
     let admin = connect(&url.parse().expect("DATABASE_URL parses")).await;
     admin
-        .batch_execute(&format!(
-            "CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""
-        ))
+        .batch_execute(&format!("CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""))
         .await
         .expect("create test database");
     with_dbname(&url, &name)
@@ -153,12 +135,7 @@ pub async fn fresh_database() -> tokio_postgres::Config {
 pub fn default_args() -> ServeArgs {
     ServeArgs {
         bind: "127.0.0.1:0".parse().expect("address"),
-        database: DatabaseArgs {
-            url: None,
-            data_dir: None,
-            pg_bin: None,
-            pool_size: 40,
-        },
+        database: DatabaseArgs { url: None, data_dir: None, pg_bin: None, pool_size: 40 },
         lease: Duration::from_secs(300),
         max_retries: 3,
         reap_interval: Duration::from_secs(1),
@@ -185,18 +162,11 @@ pub async fn spawn_app_with(args: ServeArgs) -> TestApp {
 /// Starts one more broker on an existing database, as a second broker process would.
 pub async fn spawn_broker(args: ServeArgs, config: tokio_postgres::Config) -> TestApp {
     let url = connection_string(&config);
-    let app = Application::build(&args, &url)
-        .await
-        .expect("build the broker");
+    let app = Application::build(&args, &url).await.expect("build the broker");
     let address = format!("http://127.0.0.1:{}", app.port());
     tokio::spawn(app.run_until_stopped());
     let db = connect(&config).await;
-    TestApp {
-        address,
-        http: reqwest::Client::new(),
-        db,
-        config,
-    }
+    TestApp { address, http: reqwest::Client::new(), db, config }
 }
 
 fn connection_string(config: &tokio_postgres::Config) -> String {
@@ -229,12 +199,7 @@ impl TestApp {
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> Response {
-        self.http
-            .post(self.url(path))
-            .json(body)
-            .send()
-            .await
-            .expect("POST")
+        self.http.post(self.url(path)).json(body).send().await.expect("POST")
     }
 
     pub async fn get(&self, path: &str) -> Response {
@@ -247,10 +212,7 @@ impl TestApp {
         assert_eq!(response.status(), StatusCode::CREATED, "submit {body}");
         let body: Value = response.json().await.expect("JSON");
         assert_eq!(body["status"], "accepted");
-        body["job_id"]
-            .as_str()
-            .and_then(|id| id.parse().ok())
-            .expect("job id")
+        body["job_id"].as_str().and_then(|id| id.parse().ok()).expect("job id")
     }
 
     /// Submits a one-step job of `items` items for `user` on `service`.
@@ -261,9 +223,7 @@ impl TestApp {
         items: usize,
         is_async: bool,
     ) -> Uuid {
-        let items: Vec<Value> = (0..items)
-            .map(|n| json!({ "payload": { "n": n } }))
-            .collect();
+        let items: Vec<Value> = (0..items).map(|n| json!({ "payload": { "n": n } })).collect();
         self.submit(json!({
             "user": user,
             "is_async": is_async,
@@ -282,18 +242,15 @@ impl TestApp {
                 let body: Value = response.json().await.expect("JSON");
                 body["work_items"].as_array().cloned().expect("work_items")
             }
-            status => panic!(
-                "GET /work?{query}: {status} {}",
-                response.text().await.unwrap_or_default()
-            ),
+            status => {
+                panic!("GET /work?{query}: {status} {}", response.text().await.unwrap_or_default())
+            }
         }
     }
 
     /// Claims at most one item of `service` as worker 0 of querier `pod-0`.
     pub async fn claim(&self, service: &str) -> Option<Value> {
-        self.claim_with(&format!("service={service}&querier=pod-0"))
-            .await
-            .pop()
+        self.claim_with(&format!("service={service}&querier=pod-0")).await.pop()
     }
 
     pub async fn report(&self, item: &Value, body: Value) -> Response {
@@ -335,19 +292,11 @@ impl TestApp {
     pub async fn await_waiting_workers(&self, service: &str, count: u64) {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
-            let body: Value = self
-                .get("/admin/waiting-workers")
-                .await
-                .json()
-                .await
-                .expect("JSON");
+            let body: Value = self.get("/admin/waiting-workers").await.json().await.expect("JSON");
             if body["services"][service].as_u64().unwrap_or(0) >= count {
                 return;
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "workers never started waiting: {body}"
-            );
+            assert!(std::time::Instant::now() < deadline, "workers never started waiting: {body}");
             tokio::task::yield_now().await;
         }
     }

@@ -16,10 +16,7 @@ async fn a_retryable_failure_is_retried_until_the_limit() {
         let item = app.claim("svc").await.expect("the item again");
         assert_eq!(item["attempt"], attempt);
         let response = app
-            .report(
-                &item,
-                json!({ "status": "failed", "attempt": attempt, "error": "flaky" }),
-            )
+            .report(&item, json!({ "status": "failed", "attempt": attempt, "error": "flaky" }))
             .await;
         assert_eq!(response.status(), 200);
         let body: serde_json::Value = response.json().await.expect("JSON");
@@ -46,15 +43,8 @@ async fn a_non_retryable_failure_fails_at_once() {
     assert_eq!(body["status"], "failed");
     assert!(app.claim("svc").await.is_none());
     assert_eq!(app.job(job).await["status"], "failed");
-    let row = app
-        .db
-        .query_one("SELECT error FROM work_items", &[])
-        .await
-        .expect("row");
-    assert_eq!(
-        row.get::<_, Option<String>>(0).as_deref(),
-        Some("bad input")
-    );
+    let row = app.db.query_one("SELECT error FROM work_items", &[]).await.expect("row");
+    assert_eq!(row.get::<_, Option<String>>(0).as_deref(), Some("bad input"));
     app.assert_consistent().await;
 }
 
@@ -88,11 +78,7 @@ async fn an_expired_lease_is_reclaimed_and_the_stale_worker_is_refused() {
         let error: serde_json::Value = response.json().await.expect("JSON");
         assert_eq!(error["error"]["code"], "stale_attempt");
     }
-    assert_eq!(
-        app.fingerprint().await,
-        before,
-        "refused updates change nothing"
-    );
+    assert_eq!(app.fingerprint().await, before, "refused updates change nothing");
 
     app.succeed(&fresh, json!([])).await;
     assert_eq!(app.job(job).await["status"], "successful");
@@ -107,9 +93,7 @@ async fn a_heartbeat_extends_the_lease() {
     let lease = |app_db: &tokio_postgres::Row| app_db.get::<_, chrono::DateTime<chrono::Utc>>(0);
     let sql = "SELECT lease_expires_at FROM work_items";
     let before = lease(&app.db.query_one(sql, &[]).await.expect("row"));
-    let response = app
-        .report(&item, json!({ "status": "running", "attempt": 1 }))
-        .await;
+    let response = app.report(&item, json!({ "status": "running", "attempt": 1 })).await;
     assert_eq!(response.status(), 200);
     let body: serde_json::Value = response.json().await.expect("JSON");
     assert_eq!(body, json!({ "id": item["id"], "status": "running" }));
@@ -125,9 +109,7 @@ async fn an_update_on_a_finished_item_is_refused() {
     let item = app.claim("svc").await.expect("item");
     app.succeed(&item, json!([])).await;
     let before = app.fingerprint().await;
-    let response = app
-        .report(&item, json!({ "status": "failed", "attempt": 1 }))
-        .await;
+    let response = app.report(&item, json!({ "status": "failed", "attempt": 1 })).await;
     assert_eq!(response.status(), 409);
     let error: serde_json::Value = response.json().await.expect("JSON");
     assert_eq!(error["error"]["code"], "item_finished");

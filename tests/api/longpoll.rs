@@ -26,10 +26,7 @@ async fn a_waiting_worker_wakes_when_a_job_is_submitted() {
     let (claimed_at, items) = waiter.await.expect("waiter");
     assert_eq!(items.len(), 1);
     let delay = claimed_at.saturating_duration_since(submitted);
-    assert!(
-        delay < WAKE_UP_BOUND,
-        "woke {delay:?} after the job was submitted"
-    );
+    assert!(delay < WAKE_UP_BOUND, "woke {delay:?} after the job was submitted");
     app.assert_consistent().await;
 }
 
@@ -40,19 +37,8 @@ async fn a_waiting_worker_ignores_other_services_and_gives_up_after_wait() {
     let started = Instant::now();
     let response = app.get("/work?service=svc&querier=pod-0&wait=1").await;
     assert_eq!(response.status(), 204);
-    assert!(
-        started.elapsed() >= Duration::from_secs(1),
-        "it waited for the whole second"
-    );
-    let waiting: Value = app
-        .get("/admin/waiting-workers")
-        .await
-        .json()
-        .await
-        .expect("JSON");
-    assert_eq!(
-        waiting["services"]["svc"], 0,
-        "a worker that gave up is no longer counted"
-    );
+    assert!(started.elapsed() >= Duration::from_secs(1), "it waited for the whole second");
+    let waiting: Value = app.get("/admin/waiting-workers").await.json().await.expect("JSON");
+    assert_eq!(waiting["services"]["svc"], 0, "a worker that gave up is no longer counted");
     app.assert_consistent().await;
 }

@@ -17,17 +17,8 @@ async fn assert_refused(
     assert_eq!(response.status().as_u16(), status, "{context}");
     let body: Value = response.json().await.expect("a JSON error body");
     assert_eq!(body["error"]["code"], code, "{context}: {body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .is_some_and(|m| !m.is_empty()),
-        "{body}"
-    );
-    assert_eq!(
-        app.fingerprint().await,
-        before,
-        "{context} changed the database"
-    );
+    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+    assert_eq!(app.fingerprint().await, before, "{context} changed the database");
 }
 
 fn job(overrides: Value) -> Value {
@@ -57,31 +48,13 @@ async fn bad_job_submissions_are_refused() {
         (job(json!({ "user": long })), "invalid_user"),
         (job(json!({ "is_async": "yes" })), "invalid_body"),
         (job(json!({ "steps": [] })), "invalid_steps"),
-        (
-            job(json!({ "steps": [{ "service": "has space" }] })),
-            "invalid_service",
-        ),
-        (
-            job(json!({ "steps": [{ "service": "" }] })),
-            "invalid_service",
-        ),
-        (
-            job(json!({ "steps": [{ "service": long }] })),
-            "invalid_service",
-        ),
-        (
-            job(json!({ "steps": [{ "service": "a", "aggregate": true }] })),
-            "invalid_steps",
-        ),
-        (
-            job(json!({ "steps": [{ "service": "a", "extra": 1 }] })),
-            "invalid_body",
-        ),
+        (job(json!({ "steps": [{ "service": "has space" }] })), "invalid_service"),
+        (job(json!({ "steps": [{ "service": "" }] })), "invalid_service"),
+        (job(json!({ "steps": [{ "service": long }] })), "invalid_service"),
+        (job(json!({ "steps": [{ "service": "a", "aggregate": true }] })), "invalid_steps"),
+        (job(json!({ "steps": [{ "service": "a", "extra": 1 }] })), "invalid_body"),
         (job(json!({ "items": [] })), "invalid_items"),
-        (
-            job(json!({ "items": [{ "payload": 1, "component": "x" }] })),
-            "invalid_body",
-        ),
+        (job(json!({ "items": [{ "payload": 1, "component": "x" }] })), "invalid_body"),
         (job(json!({ "items": null })), "invalid_body"),
         (json!([1, 2]), "invalid_body"),
     ];
@@ -89,13 +62,7 @@ async fn bad_job_submissions_are_refused() {
         let response = app.post("/jobs", &body).await;
         assert_refused(&app, response, 400, code, &before).await;
     }
-    let malformed = app
-        .http
-        .post(app.url("/jobs"))
-        .body("{\"user\": ")
-        .send()
-        .await
-        .expect("POST");
+    let malformed = app.http.post(app.url("/jobs")).body("{\"user\": ").send().await.expect("POST");
     assert_refused(&app, malformed, 400, "invalid_body", &before).await;
 
     let huge = json!({ "user": "alice", "steps": [{ "service": "svc" }],
@@ -141,58 +108,27 @@ async fn bad_status_updates_are_refused() {
     let cases = [
         (json!({ "status": "done", "attempt": 1 }), "invalid_body"),
         (json!({ "status": "successful" }), "invalid_body"),
-        (
-            json!({ "status": "successful", "attempt": "1" }),
-            "invalid_body",
-        ),
-        (
-            json!({ "status": "successful", "attempt": 1, "results": {} }),
-            "invalid_body",
-        ),
-        (
-            json!({ "status": "failed", "attempt": 1, "results": [] }),
-            "invalid_body",
-        ),
-        (
-            json!({ "status": "running", "attempt": 1, "retryable": false }),
-            "invalid_body",
-        ),
-        (
-            json!({ "status": "successful", "attempt": 1, "bogus": 1 }),
-            "invalid_body",
-        ),
+        (json!({ "status": "successful", "attempt": "1" }), "invalid_body"),
+        (json!({ "status": "successful", "attempt": 1, "results": {} }), "invalid_body"),
+        (json!({ "status": "failed", "attempt": 1, "results": [] }), "invalid_body"),
+        (json!({ "status": "running", "attempt": 1, "retryable": false }), "invalid_body"),
+        (json!({ "status": "successful", "attempt": 1, "bogus": 1 }), "invalid_body"),
     ];
     for (body, code) in cases {
         let response = app.post(&path, &body).await;
         assert_refused(&app, response, 400, code, &before).await;
     }
-    let response = app
-        .post(
-            "/work/abc/status",
-            &json!({ "status": "running", "attempt": 1 }),
-        )
-        .await;
+    let response =
+        app.post("/work/abc/status", &json!({ "status": "running", "attempt": 1 })).await;
     assert_refused(&app, response, 400, "invalid_path", &before).await;
-    let response = app
-        .post(
-            "/work/999999/status",
-            &json!({ "status": "successful", "attempt": 1 }),
-        )
-        .await;
+    let response =
+        app.post("/work/999999/status", &json!({ "status": "successful", "attempt": 1 })).await;
     assert_refused(&app, response, 404, "work_item_not_found", &before).await;
-    let response = app
-        .post(
-            "/work/999999/status",
-            &json!({ "status": "running", "attempt": 1 }),
-        )
-        .await;
+    let response =
+        app.post("/work/999999/status", &json!({ "status": "running", "attempt": 1 })).await;
     assert_refused(&app, response, 404, "work_item_not_found", &before).await;
-    let response = app
-        .post(
-            &path,
-            &json!({ "status": "successful", "attempt": 7, "results": [] }),
-        )
-        .await;
+    let response =
+        app.post(&path, &json!({ "status": "successful", "attempt": 7, "results": [] })).await;
     assert_refused(&app, response, 409, "stale_attempt", &before).await;
     app.assert_consistent().await;
 }
@@ -206,13 +142,9 @@ async fn unknown_and_malformed_job_ids_are_refused() {
     let response = app.get(&format!("/jobs/{unknown}")).await;
     assert_refused(&app, response, 404, "job_not_found", &before).await;
     for action in ["pause", "resume", "cancel"] {
-        let response = app
-            .post(&format!("/jobs/{unknown}/{action}"), &json!({}))
-            .await;
+        let response = app.post(&format!("/jobs/{unknown}/{action}"), &json!({})).await;
         assert_refused(&app, response, 404, "job_not_found", &before).await;
-        let response = app
-            .post(&format!("/jobs/not-a-uuid/{action}"), &json!({}))
-            .await;
+        let response = app.post(&format!("/jobs/not-a-uuid/{action}"), &json!({})).await;
         assert_refused(&app, response, 400, "invalid_path", &before).await;
     }
     let response = app.get("/admin/user-work?limit=0").await;

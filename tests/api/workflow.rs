@@ -17,8 +17,7 @@ async fn each_result_becomes_an_item_of_the_next_step() {
     let item = app.claim("split").await.expect("step 0");
     assert_eq!(item["step"], 0);
     assert_eq!(item["inputs"], json!([]));
-    app.succeed(&item, json!([{ "part": 1 }, { "part": 2 }, { "part": 3 }]))
-        .await;
+    app.succeed(&item, json!([{ "part": 1 }, { "part": 2 }, { "part": 3 }])).await;
 
     let mut inputs = Vec::new();
     while let Some(next) = app.claim("convert").await {
@@ -31,14 +30,7 @@ async fn each_result_becomes_an_item_of_the_next_step() {
         inputs.push(next["inputs"].clone());
         app.succeed(&next, json!([])).await;
     }
-    assert_eq!(
-        inputs,
-        [
-            json!([{ "part": 1 }]),
-            json!([{ "part": 2 }]),
-            json!([{ "part": 3 }])
-        ]
-    );
+    assert_eq!(inputs, [json!([{ "part": 1 }]), json!([{ "part": 2 }]), json!([{ "part": 3 }])]);
     let document = app.job(job).await;
     assert_eq!(document["status"], "successful");
     assert_eq!(document["progress"], 100);
@@ -66,10 +58,7 @@ async fn an_aggregating_step_waits_for_every_item_and_gets_all_results_in_order(
     // Finish out of order; results are still gathered in item-id order.
     app.succeed(&third, json!(["c"])).await;
     app.succeed(&first, json!(["a1", "a2"])).await;
-    assert!(
-        app.claim("concat").await.is_none(),
-        "aggregation waits for the whole step"
-    );
+    assert!(app.claim("concat").await.is_none(), "aggregation waits for the whole step");
     let document = app.job(job).await;
     assert_eq!(document["steps"][1]["total"], 0);
     assert!(document["progress"].as_u64().expect("progress") < 100);
@@ -78,10 +67,7 @@ async fn an_aggregating_step_waits_for_every_item_and_gets_all_results_in_order(
     let aggregate = app.claim("concat").await.expect("the aggregate item");
     assert_eq!(aggregate["step"], 1);
     assert_eq!(aggregate["inputs"], json!(["a1", "a2", "b", "c"]));
-    assert!(
-        app.claim("concat").await.is_none(),
-        "exactly one aggregate item"
-    );
+    assert!(app.claim("concat").await.is_none(), "exactly one aggregate item");
     app.succeed(&aggregate, json!(["s3://out/merged.nc"])).await;
 
     let document = app.job(job).await;
@@ -107,10 +93,7 @@ async fn an_aggregate_is_built_from_the_items_that_succeeded() {
         .report(&bad, json!({ "status": "failed", "attempt": bad["attempt"], "error": "boom", "retryable": false }))
         .await;
     assert_eq!(response.status(), 200);
-    let aggregate = app
-        .claim("b")
-        .await
-        .expect("aggregate after the last item of step 0 failed");
+    let aggregate = app.claim("b").await.expect("aggregate after the last item of step 0 failed");
     assert_eq!(aggregate["inputs"], json!(["kept"]));
     app.succeed(&aggregate, json!([])).await;
     assert_eq!(app.job(job).await["status"], "complete_with_errors");
