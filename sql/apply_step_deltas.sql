@@ -1,8 +1,9 @@
 -- Moves the item counts of job $1's step $2 by the deltas $3 ready, $4 running, $5 successful,
 -- $6 failed, $7 canceled, and keeps the user's users and service_users rows in step, in the
 -- transaction that moved the items. The caller holds the user's users row. Returns the step's
--- service and whether the user's claimable work for it went from none to some: only then can a
--- worker of the service be waiting, so only then is a notification worth its commit-time lock.
+-- service; whether the user's claimable work for it went from none to some (only then can a
+-- worker of the service be waiting, so only then is a notification worth its commit-time lock);
+-- and how many items of the whole job are still ready or running.
 WITH step AS (
     UPDATE user_work
        SET ready_count = ready_count + $3,
@@ -12,7 +13,7 @@ WITH step AS (
            canceled_count = canceled_count + $7
      WHERE job_id = $1
        AND step_index = $2
- RETURNING username, service, paused
+ RETURNING username, service, paused, ready_count, running_count
 ), user_counts AS (
     UPDATE users u
        SET running_count = u.running_count + $4
@@ -38,5 +39,11 @@ SELECT step.service,
             WHERE qc.service = step.service
               AND qc.ready_count > 0
               AND qc.ready_count <= $3
-       ) AS became_claimable
+       ) AS became_claimable,
+       step.ready_count + step.running_count + (
+           SELECT coalesce(sum(other.ready_count + other.running_count), 0)
+             FROM user_work other
+            WHERE other.job_id = $1
+              AND other.step_index <> $2
+       )::integer AS job_open_items
   FROM step;

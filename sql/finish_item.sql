@@ -1,14 +1,40 @@
 -- Records the outcome $3 ('successful', 'failed' or 'ready' for a retry) of the current attempt
 -- $2 of running item $1. With $6 the update applies only when the lease has expired (the
--- reaper's case). No row: the attempt is stale or the item is not running.
-UPDATE work_items
+-- reaper's case). No row: no such item, a stale attempt, or an item that is not running.
+--
+-- The owner's users row is locked first (the lock order), in the same statement: the item's
+-- conditions are rechecked against its latest version after any wait, so a stale snapshot
+-- cannot let a canceled or reclaimed attempt through. Also returns what the workflow needs:
+-- whether a next step exists and aggregates, and whether any step of the job aggregates.
+WITH owner AS (
+    SELECT u.username
+      FROM users u
+     WHERE u.username = (
+               SELECT j.username
+                 FROM work_items wi
+                 JOIN jobs j ON j.job_id = wi.job_id
+                WHERE wi.id = $1
+           )
+       FOR NO KEY UPDATE
+)
+UPDATE work_items wi
    SET status = $3::text::work_item_status,
        results = $4,
        error = $5,
        lease_expires_at = NULL,
        updated_at = now()
- WHERE id = $1
-   AND attempt = $2
-   AND status = 'running'
-   AND (NOT $6 OR lease_expires_at <= now())
-RETURNING job_id, step_index;
+ WHERE wi.id = $1
+   AND wi.attempt = $2
+   AND wi.status = 'running'
+   AND (NOT $6 OR wi.lease_expires_at <= now())
+   AND EXISTS (SELECT 1 FROM owner)
+RETURNING wi.job_id,
+          wi.step_index,
+          (SELECT next.aggregate
+             FROM user_work next
+            WHERE next.job_id = wi.job_id
+              AND next.step_index = wi.step_index + 1) AS next_step_aggregates,
+          EXISTS (SELECT 1
+                    FROM user_work agg
+                   WHERE agg.job_id = wi.job_id
+                     AND agg.aggregate) AS job_aggregates;

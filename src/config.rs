@@ -20,6 +20,9 @@ pub enum Command {
     /// Start the private PostgreSQL server, run COMMAND with DATABASE_URL pointing at it, then
     /// stop the server (and, with --ephemeral, delete its data directory).
     Postgres(PostgresArgs),
+    /// Measure claim throughput, latency and fairness of the broker beside baseline claim
+    /// paths, on a freshly seeded database, and write the results.
+    Bench(BenchArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -92,4 +95,80 @@ pub struct PostgresArgs {
     /// The command to run, with its arguments.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
+}
+
+/// The claim paths the benchmark can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum BenchPath {
+    /// The broker's own claim, called in-process as the HTTP handler calls it.
+    Fair,
+    /// A plain FIFO SKIP LOCKED claim on the same table: no fairness, the practical ceiling.
+    Fifo,
+    /// Harmony's documented algorithm: a GROUP BY over user_work per claim.
+    HarmonyLeastRunning,
+    /// Harmony's production query: a ROW_NUMBER() round robin over user_work per claim.
+    HarmonyRoundRobin,
+    /// The full loop over HTTP against a running broker.
+    Http,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    /// Numbers of users to measure at (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "10,1000,10000")]
+    pub users: Vec<u32>,
+
+    /// Ready backlogs to measure at (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "10000,1000000")]
+    pub backlog: Vec<u32>,
+
+    /// Concurrent claimers, each with its own connection while it works.
+    #[arg(long, default_value_t = 32)]
+    pub workers: usize,
+
+    /// How long each path runs at each point of the matrix.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+
+    /// Items per claim.
+    #[arg(long, default_value_t = 1)]
+    pub max: usize,
+
+    /// Claim paths to run (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "fair,fifo,harmony_least_running,harmony_round_robin,http"
+    )]
+    pub paths: Vec<BenchPath>,
+
+    /// Trials of the wake-up measurement (0 to skip it).
+    #[arg(long, default_value_t = 200)]
+    pub wakeup_trials: usize,
+
+    /// A two-minute smoke run: 10 and 1,000 users, 10,000 items, 2 s per path, 50 wake-ups.
+    #[arg(long)]
+    pub quick: bool,
+
+    /// Where to write results.json, chart.svg and results.md.
+    #[arg(long, default_value = "docs/bench")]
+    pub out: PathBuf,
+}
+
+impl BenchArgs {
+    /// Applies --quick on top of the other settings.
+    pub fn effective(mut self) -> Self {
+        if self.quick {
+            self.users = vec![10, 1000];
+            self.backlog = vec![10_000];
+            self.duration = Duration::from_secs(2);
+            self.wakeup_trials = self.wakeup_trials.min(50);
+        }
+        self
+    }
 }

@@ -19,6 +19,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Serve(args) => serve(args).await,
+        Command::Bench(args) => fairway::bench::run(args).await.map_err(|error| error.to_string()),
         Command::Postgres(args) => match embedded::run_command_with_postgres(&args).await {
             Ok(code) => return ExitCode::from(u8::try_from(code).unwrap_or(1)),
             Err(error) => Err(error.to_string()),

@@ -69,6 +69,11 @@ impl Application {
         self.port
     }
 
+    /// Stops the server from elsewhere (the benchmark runs several in one process).
+    pub fn handle(&self) -> actix_web::dev::ServerHandle {
+        self.server.handle()
+    }
+
     pub fn broker(&self) -> &Broker {
         &self.broker
     }

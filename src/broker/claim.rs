@@ -14,10 +14,16 @@ impl Broker {
     /// by the fair order as a single claim would choose it. Empty when nothing is ready.
     pub async fn claim(&self, request: &ClaimRequest) -> Result<Vec<WorkItem>, BrokerError> {
         let mut client = self.client().await?;
-        let tx = client.transaction().await?;
         let service = request.service.as_str();
         let lease = self.lease_millis();
         let params: sql::Params = &[&service, &request.querier.as_str(), &request.worker, &lease];
+        if request.max == 1 {
+            // The common case is one statement: let it commit on its own, without BEGIN/COMMIT.
+            if let Some(row) = sql::query_opt(&client, CLAIM_NEXT_ITEM, params).await? {
+                return Ok(vec![work_item(&row, service)?]);
+            }
+        }
+        let tx = client.transaction().await?;
 
         let mut items = Vec::with_capacity(request.max);
         while items.len() < request.max {

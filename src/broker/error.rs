@@ -22,7 +22,7 @@ pub enum BrokerError {
     Unavailable(String),
 
     /// PostgreSQL answered with an error this code did not expect.
-    #[error("database error: {0}")]
+    #[error("database error: {}", describe(.0))]
     Database(#[source] tokio_postgres::Error),
 }
 
@@ -57,5 +57,13 @@ impl From<deadpool_postgres::PoolError> for BrokerError {
             deadpool_postgres::PoolError::Backend(error) => error.into(),
             other => Self::Unavailable(other.to_string()),
         }
+    }
+}
+
+/// The server's own words for a statement error (tokio-postgres's Display says only "db error").
+fn describe(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{} ({}): {}", db.severity(), db.code().code(), db.message()),
+        None => error.to_string(),
     }
 }

@@ -23,12 +23,13 @@ pub(super) struct StepDeltas {
 
 /// Moves a step's counts (and the user's fair-order rows with them), and wakes waiting workers
 /// when the user's work for the service became claimable. The caller holds the user's row lock.
+/// Returns how many items of the whole job are still ready or running.
 pub(super) async fn apply_step_deltas(
     tx: &impl GenericClient,
     job_id: JobId,
     step: i32,
     deltas: StepDeltas,
-) -> Result<(), BrokerError> {
+) -> Result<i32, BrokerError> {
     let row = sql::query_opt(
         tx,
         APPLY_STEP_DELTAS,
@@ -50,7 +51,7 @@ pub(super) async fn apply_step_deltas(
         let service: String = row.try_get("service")?;
         sql::execute(tx, NOTIFY_WORK_READY, &[&service]).await?;
     }
-    Ok(())
+    Ok(row.try_get("job_open_items")?)
 }
 
 impl Broker {
@@ -181,7 +182,8 @@ async fn add_first_step_items(
         .map_err(|_| BrokerError::invalid("invalid_items", "too many items at once"))?;
     sql::execute(tx, INSERT_FIRST_STEP_ITEMS, &[&job_id.0, &payloads]).await?;
     let deltas = StepDeltas { ready: count, ..Default::default() };
-    apply_step_deltas(tx, job_id, 0, deltas).await
+    apply_step_deltas(tx, job_id, 0, deltas).await?;
+    Ok(())
 }
 
 async fn lock_job_owner(tx: &impl GenericClient, job_id: JobId) -> Result<(), BrokerError> {

@@ -5,7 +5,7 @@ use super::jobs::{apply_step_deltas, StepDeltas};
 use super::model::{ItemStatus, JobId, StatusUpdate, WorkItemId};
 use super::sql::{
     self, DESCRIBE_ITEM, EXTEND_LEASE, FIND_EXPIRED_LEASES, FINISH_ITEM, INSERT_AGGREGATE_ITEM,
-    INSERT_NEXT_STEP_ITEMS, LOCK_ITEM_OWNER, NEXT_STEP, REFRESH_JOB_STATUS,
+    INSERT_NEXT_STEP_ITEMS, REFRESH_JOB_STATUS,
 };
 use super::{Broker, BrokerError};
 
@@ -94,9 +94,6 @@ impl Broker {
         ending: Ending,
         condition: LeaseCondition,
     ) -> Result<Option<ItemStatus>, BrokerError> {
-        if sql::query_opt(tx, LOCK_ITEM_OWNER, &[&id.0]).await?.is_none() {
-            return Err(item_not_found(id));
-        }
         let retry_allowed = i64::from(attempt) <= i64::from(self.settings.max_retries);
         let (status, results, error) = match ending {
             Ending::Successful(results) => {
@@ -108,17 +105,15 @@ impl Broker {
             Ending::Failed { error, .. } => (ItemStatus::Failed, None, error),
         };
         let expired_only = condition == LeaseCondition::Expired;
-        let Some(row) = sql::query_opt(
-            tx,
-            FINISH_ITEM,
-            &[&id.0, &attempt, &status.as_str(), &results, &error, &expired_only],
-        )
-        .await?
-        else {
+        let params: sql::Params =
+            &[&id.0, &attempt, &status.as_str(), &results, &error, &expired_only];
+        let Some(row) = sql::query_opt(tx, FINISH_ITEM, params).await? else {
             return Ok(None);
         };
         let job_id = JobId(row.try_get("job_id")?);
         let step: i32 = row.try_get("step_index")?;
+        let next_step_aggregates: Option<bool> = row.try_get("next_step_aggregates")?;
+        let job_aggregates: bool = row.try_get("job_aggregates")?;
 
         let mut deltas = StepDeltas { running: -1, ..Default::default() };
         match status {
@@ -126,47 +121,28 @@ impl Broker {
             ItemStatus::Successful => deltas.successful = 1,
             _ => deltas.failed = 1,
         }
-        apply_step_deltas(tx, job_id, step, deltas).await?;
+        let mut open_items = apply_step_deltas(tx, job_id, step, deltas).await?;
 
-        if status == ItemStatus::Successful {
-            fan_out(tx, job_id, step, id).await?;
+        if status == ItemStatus::Successful && next_step_aggregates == Some(false) {
+            let created: i32 =
+                sql::query_one(tx, INSERT_NEXT_STEP_ITEMS, &[&id.0, &step]).await?.try_get(0)?;
+            if created > 0 {
+                let ready = StepDeltas { ready: created, ..Default::default() };
+                open_items = apply_step_deltas(tx, job_id, step + 1, ready).await?;
+            }
         }
-        if status != ItemStatus::Ready {
+        if job_aggregates && status != ItemStatus::Ready {
             if let Some(row) = sql::query_opt(tx, INSERT_AGGREGATE_ITEM, &[&job_id.0]).await? {
                 let aggregate_step: i32 = row.try_get("step_index")?;
                 let ready = StepDeltas { ready: 1, ..Default::default() };
-                apply_step_deltas(tx, job_id, aggregate_step, ready).await?;
+                open_items = apply_step_deltas(tx, job_id, aggregate_step, ready).await?;
             }
         }
-        sql::execute(tx, REFRESH_JOB_STATUS, &[&job_id.0]).await?;
+        if open_items == 0 {
+            sql::execute(tx, REFRESH_JOB_STATUS, &[&job_id.0]).await?;
+        }
         Ok(Some(status))
     }
-}
-
-/// One item of the next (non-aggregating) step per result of the item that succeeded.
-async fn fan_out(
-    tx: &impl GenericClient,
-    job_id: JobId,
-    step: i32,
-    id: WorkItemId,
-) -> Result<(), BrokerError> {
-    let Some(next) = sql::query_opt(tx, NEXT_STEP, &[&job_id.0, &step]).await? else {
-        return Ok(());
-    };
-    let aggregate: bool = next.try_get("aggregate")?;
-    if aggregate {
-        return Ok(());
-    }
-    let created: i32 = sql::query_opt(tx, INSERT_NEXT_STEP_ITEMS, &[&id.0, &step])
-        .await?
-        .map(|row| row.try_get(0))
-        .transpose()?
-        .unwrap_or(0);
-    if created > 0 {
-        let ready = StepDeltas { ready: created, ..Default::default() };
-        apply_step_deltas(tx, job_id, step + 1, ready).await?;
-    }
-    Ok(())
 }
 
 fn item_not_found(id: WorkItemId) -> BrokerError {

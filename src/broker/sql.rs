@@ -36,10 +36,8 @@ statements! {
     INSERT_NEXT_STEP_ITEMS = "insert_next_step_items";
     LIST_USER_WORK = "list_user_work";
     LOCK_BEST_READY_USER = "lock_best_ready_user";
-    LOCK_ITEM_OWNER = "lock_item_owner";
     LOCK_JOB_OWNER = "lock_job_owner";
     LOCK_USER = "lock_user";
-    NEXT_STEP = "next_step";
     NOTIFY_WORK_READY = "notify_work_ready";
     REFRESH_JOB_STATUS = "refresh_job_status";
     SET_JOB_PAUSED = "set_job_paused";
@@ -64,6 +62,15 @@ pub async fn query_opt(
 ) -> Result<Option<Row>, BrokerError> {
     let statement = client.prepare_cached(sql).await?;
     Ok(client.query_opt(&statement, params).await?)
+}
+
+pub async fn query_one(
+    client: &impl GenericClient,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Row, BrokerError> {
+    let statement = client.prepare_cached(sql).await?;
+    Ok(client.query_one(&statement, params).await?)
 }
 
 pub async fn execute(

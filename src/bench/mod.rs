@@ -1,0 +1,311 @@
+//! `fairway bench`: seeds a database, runs the broker's claim path beside baseline claim paths
+//! on the same data, and reports throughput, latency and fairness. See docs/benchmarks.md.
+
+mod paths;
+mod report;
+mod seed;
+mod stats;
+mod wakeup;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use thiserror::Error;
+use tokio_postgres::NoTls;
+
+use crate::broker::{Broker, BrokerError, BrokerSettings, WorkSignals};
+use crate::config::{BenchArgs, BenchPath, DatabaseArgs, ServeArgs};
+use crate::db::embedded::{EmbeddedError, EmbeddedPostgres};
+use crate::db::{self, DbError};
+use crate::startup::{Application, StartupError};
+use paths::Runner;
+use report::{Machine, Report, Run};
+
+const BENCH_DATABASE: &str = "fairway_bench";
+
+#[derive(Debug, Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Embedded(Box<EmbeddedError>),
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error(transparent)]
+    Startup(#[from] StartupError),
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    #[error("database: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("database pool: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("HTTP: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error("writing results: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Unexpected(String),
+}
+
+impl From<EmbeddedError> for BenchError {
+    fn from(error: EmbeddedError) -> Self {
+        Self::Embedded(Box::new(error))
+    }
+}
+
+pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
+    let args = args.effective();
+    let (server_url, private_server) = match &args.database.url {
+        Some(url) => (url.clone(), None),
+        None => {
+            let server = EmbeddedPostgres::start(
+                args.database.data_dir.as_deref(),
+                args.database.pg_bin.as_deref(),
+            )
+            .await?;
+            (server.connection_string("postgres"), Some(server))
+        }
+    };
+    let outcome = run_matrix(&args, &server_url).await;
+    if let Some(server) = private_server {
+        server.stop().await?;
+    }
+    let report = outcome?;
+    report.write(&args.out)?;
+    println!("\n{}", report.markdown());
+    println!("results written to {}", args.out.display());
+    Ok(())
+}
+
+async fn run_matrix(args: &BenchArgs, server_url: &str) -> Result<Report, BenchError> {
+    let admin_config = db::pool::parse_config(server_url)?;
+    let mut runs = Vec::new();
+    let mut postgres = String::new();
+    for &backlog in &args.backlog {
+        for &users in &args.users {
+            let (users, backlog) = (users as usize, backlog as usize);
+            let config = fresh_database(&admin_config).await?;
+            let pool = db::pool::connect(config.clone(), args.workers + 2)?;
+            db::migrations::run(&pool).await?;
+            postgres = pool.get().await?.query_one("SHOW server_version", &[]).await?.try_get(0)?;
+            eprintln!("seeding {users} users and {backlog} items");
+            let seeded = Arc::new(seed::seed(&pool, users, backlog).await?);
+            for (index, &path) in args.paths.iter().enumerate() {
+                if index > 0 {
+                    seed::reset(&pool).await?;
+                }
+                let run =
+                    run_path(args, path, &pool, &config, seeded.clone(), users, backlog).await?;
+                eprintln!(
+                    "{:>22} {users:>6} users {backlog:>8} items: {:>8.0} claims/s  p99 {:>7.2} ms  jain {:.4}  errors {}",
+                    run.path,
+                    run.claims_per_s.unwrap_or(0.0),
+                    run.p99_ms.unwrap_or(0.0),
+                    run.jain.unwrap_or(0.0),
+                    run.errors
+                );
+                runs.push(run);
+            }
+            pool.close();
+        }
+    }
+    if args.wakeup_trials > 0 {
+        runs.push(run_wakeup(args, &admin_config).await?);
+    }
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    Ok(Report { command, machine: machine(postgres), runs })
+}
+
+/// Drops and recreates the benchmark database; returns its connection config.
+async fn fresh_database(
+    admin: &tokio_postgres::Config,
+) -> Result<tokio_postgres::Config, BenchError> {
+    let (client, connection) = admin.connect(NoTls).await?;
+    let driver = tokio::spawn(connection);
+    client.batch_execute(&format!("DROP DATABASE IF EXISTS {BENCH_DATABASE} WITH (FORCE)")).await?;
+    client.batch_execute(&format!("CREATE DATABASE {BENCH_DATABASE}")).await?;
+    drop(client);
+    let _ = driver.await;
+    let mut config = admin.clone();
+    config.dbname(BENCH_DATABASE);
+    Ok(config)
+}
+
+fn serve_args(args: &BenchArgs, url: &str) -> ServeArgs {
+    ServeArgs {
+        bind: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        database: DatabaseArgs {
+            url: Some(url.to_owned()),
+            data_dir: None,
+            pg_bin: None,
+            pool_size: args.workers + 2,
+        },
+        lease: Duration::from_secs(300),
+        max_retries: 3,
+        reap_interval: Duration::from_secs(1),
+        max_body_bytes: 1024 * 1024,
+    }
+}
+
+fn connection_string(config: &tokio_postgres::Config) -> String {
+    use tokio_postgres::config::Host;
+    let mut parts = Vec::new();
+    match config.get_hosts().first() {
+        Some(Host::Tcp(host)) => parts.push(format!("host={host}")),
+        Some(Host::Unix(path)) => parts.push(format!("host={}", path.display())),
+        None => {}
+    }
+    if let Some(port) = config.get_ports().first() {
+        parts.push(format!("port={port}"));
+    }
+    if let Some(user) = config.get_user() {
+        parts.push(format!("user={user}"));
+    }
+    if let Some(password) = config.get_password() {
+        parts.push(format!("password={}", String::from_utf8_lossy(password)));
+    }
+    if let Some(dbname) = config.get_dbname() {
+        parts.push(format!("dbname={dbname}"));
+    }
+    parts.join(" ")
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_path(
+    args: &BenchArgs,
+    path: BenchPath,
+    pool: &deadpool_postgres::Pool,
+    config: &tokio_postgres::Config,
+    seeded: Arc<seed::Seeded>,
+    users: usize,
+    backlog: usize,
+) -> Result<Run, BenchError> {
+    let fifo_index = path == BenchPath::Fifo;
+    if fifo_index {
+        let client = pool.get().await?;
+        client.batch_execute(include_str!("../../sql/bench/fifo_index.sql")).await?;
+        client.batch_execute("ANALYZE work_items").await?;
+    }
+    let mut server = None;
+    let runner = match path {
+        BenchPath::Fair => Runner::Fair(Broker::new(
+            pool.clone(),
+            BrokerSettings { lease: Duration::from_secs(300), max_retries: 3 },
+            WorkSignals::default(),
+        )),
+        BenchPath::Http => {
+            let app = Application::build(
+                &serve_args(args, &connection_string(config)),
+                &connection_string(config),
+            )
+            .await?;
+            let base = format!("http://127.0.0.1:{}", app.port());
+            let handle = app.handle();
+            server = Some((handle, tokio::spawn(app.run_until_stopped())));
+            let client = reqwest::Client::builder().pool_max_idle_per_host(args.workers).build()?;
+            Runner::Http { client, base }
+        }
+        other => Runner::Sql { pool: pool.clone(), path: other },
+    };
+    // Half the backlog at most: every user keeps work for the whole run, as in steady state.
+    let limits = paths::Limits { duration: args.duration, claims: (backlog / 2) as u64 };
+    let measured =
+        paths::measure(Arc::new(runner), seeded.clone(), args.workers, limits, args.max).await;
+    if let Some((handle, task)) = server {
+        handle.stop(true).await;
+        let _ = task.await;
+    }
+    if fifo_index {
+        pool.get().await?.batch_execute("DROP INDEX bench_fifo_ready").await?;
+    }
+    if let Some(error) = &measured.first_error {
+        eprintln!("{path:?}: {} errors, the first: {error}", measured.errors);
+    }
+    let mut latencies = measured.latencies;
+    latencies.sort_unstable();
+    let millis = |q| stats::percentile(&latencies, q).map(|micros| micros / 1000.0);
+    let seconds = measured.elapsed.as_secs_f64();
+    Ok(Run {
+        path: path_name(path),
+        users,
+        tenants: 1,
+        components: 1,
+        backlog,
+        workers: args.workers,
+        max: args.max,
+        duration_s: seconds,
+        claims_per_s: Some(measured.claims as f64 / seconds),
+        p50_ms: millis(0.5),
+        p90_ms: millis(0.9),
+        p99_ms: millis(0.99),
+        jain: stats::jain(&still_waiting(&measured.per_user, &seeded.items)),
+        errors: measured.errors,
+    })
+}
+
+/// Items served to the users that had ready work for the whole run: with no work added during a
+/// run, those that were not served everything they had.
+fn still_waiting(served: &[u64], seeded: &[u64]) -> Vec<u64> {
+    served
+        .iter()
+        .zip(seeded)
+        .filter(|(served, seeded)| served < seeded)
+        .map(|(served, _)| *served)
+        .collect()
+}
+
+fn path_name(path: BenchPath) -> String {
+    serde_json::to_value(path).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}
+
+async fn run_wakeup(args: &BenchArgs, admin: &tokio_postgres::Config) -> Result<Run, BenchError> {
+    let config = fresh_database(admin).await?;
+    let url = connection_string(&config);
+    let app = Application::build(&serve_args(args, &url), &url).await?;
+    let base = format!("http://127.0.0.1:{}", app.port());
+    let broker = app.broker().clone();
+    let handle = app.handle();
+    let task = tokio::spawn(app.run_until_stopped());
+    let started = std::time::Instant::now();
+    let outcome = wakeup::measure(&broker, &base, args.wakeup_trials).await;
+    handle.stop(true).await;
+    let _ = task.await;
+    let mut latencies = outcome?;
+    latencies.sort_unstable();
+    let millis = |q| stats::percentile(&latencies, q).map(|micros| micros / 1000.0);
+    eprintln!(
+        "wake-up p50 {:.2} ms p99 {:.2} ms",
+        millis(0.5).unwrap_or(0.0),
+        millis(0.99).unwrap_or(0.0)
+    );
+    Ok(Run {
+        path: "wakeup".to_owned(),
+        users: args.wakeup_trials,
+        tenants: 1,
+        components: 1,
+        backlog: 0,
+        workers: 1,
+        max: 1,
+        duration_s: started.elapsed().as_secs_f64(),
+        claims_per_s: None,
+        p50_ms: millis(0.5),
+        p90_ms: millis(0.9),
+        p99_ms: millis(0.99),
+        jain: None,
+        errors: 0,
+    })
+}
+
+fn machine(postgres: String) -> Machine {
+    let memory_gib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|info| {
+        info.lines()
+            .find(|line| line.starts_with("MemTotal:"))
+            .and_then(|line| line.split_whitespace().nth(1))
+            .and_then(|kib| kib.parse::<f64>().ok())
+            .map(|kib| (kib / 1024.0 / 1024.0 * 10.0).round() / 10.0)
+    });
+    Machine {
+        cores: std::thread::available_parallelism().map(usize::from).unwrap_or(1),
+        memory_gib,
+        postgres,
+        os: std::env::consts::OS.to_owned(),
+    }
+}

@@ -1,0 +1,293 @@
+//! The claim paths under test. Each worker claims, then completes what it claimed in a second
+//! transaction, like a real worker.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::{GenericClient, Pool};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use super::seed::{Seeded, SERVICE};
+use super::BenchError;
+use crate::broker::model::{ClaimRequest, QuerierName, ServiceName, StatusUpdate, WorkItemId};
+use crate::broker::sql::{self, Params};
+use crate::broker::Broker;
+use crate::config::BenchPath;
+
+const FIFO_CLAIM: &str = include_str!("../../sql/bench/fifo_claim.sql");
+const FIFO_COMPLETE: &str = include_str!("../../sql/bench/fifo_complete.sql");
+const HARMONY_LEAST_RUNNING_USER: &str =
+    include_str!("../../sql/bench/harmony_least_running_user.sql");
+const HARMONY_LEAST_RUNNING_JOB: &str =
+    include_str!("../../sql/bench/harmony_least_running_job.sql");
+const HARMONY_ROUND_ROBIN_JOB: &str = include_str!("../../sql/bench/harmony_round_robin_job.sql");
+const HARMONY_CLAIM_ITEM: &str = include_str!("../../sql/bench/harmony_claim_item.sql");
+const HARMONY_COUNT_CLAIM: &str = include_str!("../../sql/bench/harmony_count_claim.sql");
+const HARMONY_COUNT_COMPLETION: &str = include_str!("../../sql/bench/harmony_count_completion.sql");
+
+/// An item a worker holds.
+pub struct Claimed {
+    pub id: i64,
+    pub job: Uuid,
+    pub attempt: i32,
+}
+
+/// One claim path, ready to be driven by many workers.
+pub enum Runner {
+    Fair(Broker),
+    Sql { pool: Pool, path: BenchPath },
+    Http { client: reqwest::Client, base: String },
+}
+
+impl Runner {
+    async fn claim(&self, worker: usize, max: usize) -> Result<Vec<Claimed>, BenchError> {
+        match self {
+            Self::Fair(broker) => {
+                let request = ClaimRequest {
+                    service: ServiceName::parse(SERVICE)?,
+                    querier: QuerierName::parse("bench")?,
+                    worker: (worker % 1024) as i32,
+                    max,
+                };
+                Ok(broker
+                    .claim(&request)
+                    .await?
+                    .into_iter()
+                    .map(|item| Claimed {
+                        id: item.id.0,
+                        job: item.job_id.0,
+                        attempt: item.attempt,
+                    })
+                    .collect())
+            }
+            Self::Sql { pool, path: BenchPath::Fifo } => {
+                let client = pool.get().await?;
+                let limit = max as i64;
+                let rows = sql::query(&client, FIFO_CLAIM, &[&limit]).await?;
+                rows.iter()
+                    .map(|row| {
+                        Ok(Claimed { id: row.try_get(0)?, job: row.try_get(1)?, attempt: 1 })
+                    })
+                    .collect()
+            }
+            Self::Sql { pool, path } => harmony_claim(pool, *path, max).await,
+            Self::Http { client, base } => {
+                let url = format!(
+                    "{base}/work?service={SERVICE}&querier=bench&worker={}&max={max}",
+                    worker % 1024
+                );
+                let response = client.get(url).send().await?.error_for_status()?;
+                if response.status() == reqwest::StatusCode::NO_CONTENT {
+                    return Ok(Vec::new());
+                }
+                let body: Value = response.json().await?;
+                let items = body["work_items"].as_array().cloned().unwrap_or_default();
+                items
+                    .iter()
+                    .map(|item| {
+                        let job = item["job_id"].as_str().and_then(|id| id.parse().ok());
+                        match (item["id"].as_i64(), job, item["attempt"].as_i64()) {
+                            (Some(id), Some(job), Some(attempt)) => {
+                                Ok(Claimed { id, job, attempt: attempt as i32 })
+                            }
+                            _ => Err(BenchError::Unexpected(format!("malformed work item {item}"))),
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    async fn complete(&self, item: &Claimed) -> Result<(), BenchError> {
+        match self {
+            Self::Fair(broker) => {
+                let update = StatusUpdate::Successful { results: Vec::new() };
+                broker.update_status(WorkItemId(item.id), item.attempt, update).await?;
+            }
+            Self::Sql { pool, path: BenchPath::Fifo } => {
+                let client = pool.get().await?;
+                sql::execute(&client, FIFO_COMPLETE, &[&item.id]).await?;
+            }
+            Self::Sql { pool, .. } => {
+                let mut client = pool.get().await?;
+                let tx = client.transaction().await?;
+                sql::execute(&tx, FIFO_COMPLETE, &[&item.id]).await?;
+                sql::execute(&tx, HARMONY_COUNT_COMPLETION, &[&item.job, &SERVICE]).await?;
+                tx.commit().await?;
+            }
+            Self::Http { client, base } => {
+                client
+                    .post(format!("{base}/work/{}/status", item.id))
+                    .json(
+                        &json!({ "status": "successful", "attempt": item.attempt, "results": [] }),
+                    )
+                    .send()
+                    .await?
+                    .error_for_status()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Harmony's claim: choose a job by its query, then the job's lowest ready item, then its
+/// counters, in one transaction; repeated `max` times.
+async fn harmony_claim(
+    pool: &Pool,
+    path: BenchPath,
+    max: usize,
+) -> Result<Vec<Claimed>, BenchError> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    let mut claimed = Vec::with_capacity(max);
+    for _ in 0..max {
+        let Some(job) = harmony_choose_job(&tx, path).await? else { break };
+        let Some(row) = sql::query_opt(&tx, HARMONY_CLAIM_ITEM, &[&job]).await? else { break };
+        sql::execute(&tx, HARMONY_COUNT_CLAIM, &[&job, &SERVICE]).await?;
+        claimed.push(Claimed { id: row.try_get(0)?, job, attempt: 1 });
+    }
+    tx.commit().await?;
+    Ok(claimed)
+}
+
+async fn harmony_choose_job(
+    tx: &impl GenericClient,
+    path: BenchPath,
+) -> Result<Option<Uuid>, BenchError> {
+    let params: Params = &[&SERVICE];
+    if path == BenchPath::HarmonyRoundRobin {
+        let row = sql::query_opt(tx, HARMONY_ROUND_ROBIN_JOB, params).await?;
+        return Ok(row.map(|row| row.try_get(0)).transpose()?);
+    }
+    let Some(user) = sql::query_opt(tx, HARMONY_LEAST_RUNNING_USER, params).await? else {
+        return Ok(None);
+    };
+    let username: String = user.try_get(0)?;
+    let row = sql::query_opt(tx, HARMONY_LEAST_RUNNING_JOB, &[&username, &SERVICE]).await?;
+    Ok(row.map(|row| row.try_get(0)).transpose()?)
+}
+
+/// What the workers of one path measured.
+pub struct Measured {
+    pub claims: u64,
+    pub elapsed: Duration,
+    /// Claim latencies, in microseconds.
+    pub latencies: Vec<u32>,
+    /// Items served per seeded user.
+    pub per_user: Vec<u64>,
+    pub errors: u64,
+    pub first_error: Option<String>,
+}
+
+/// When a run ends: after `duration`, or once `claims` items were handed out, so that no user
+/// runs out of work because the run outlasted the backlog.
+#[derive(Clone, Copy)]
+pub struct Limits {
+    pub duration: Duration,
+    pub claims: u64,
+}
+
+/// Drives `workers` concurrent workers through claim and complete until a limit is reached.
+pub async fn measure(
+    runner: Arc<Runner>,
+    seeded: Arc<Seeded>,
+    workers: usize,
+    limits: Limits,
+    max: usize,
+) -> Measured {
+    let started = Instant::now();
+    let deadline = started + limits.duration;
+    let claimed = Arc::new(AtomicU64::new(0));
+    let handles: Vec<_> = (0..workers)
+        .map(|worker| {
+            let (runner, seeded, claimed) = (runner.clone(), seeded.clone(), claimed.clone());
+            let stop = Stop { deadline, claims: limits.claims, claimed };
+            tokio::spawn(async move { work(&runner, &seeded, worker, &stop, max).await })
+        })
+        .collect();
+    let mut total = Measured {
+        claims: 0,
+        elapsed: Duration::ZERO,
+        latencies: Vec::new(),
+        per_user: vec![0; seeded.jobs.len()],
+        errors: 0,
+        first_error: None,
+    };
+    for handle in handles {
+        let Ok(part) = handle.await else {
+            total.errors += 1;
+            continue;
+        };
+        total.claims += part.claims;
+        total.latencies.extend(part.latencies);
+        for (sum, count) in total.per_user.iter_mut().zip(part.per_user) {
+            *sum += count;
+        }
+        total.errors += part.errors;
+        total.first_error = total.first_error.or(part.first_error);
+    }
+    total.elapsed = started.elapsed();
+    total
+}
+
+struct Stop {
+    deadline: Instant,
+    claims: u64,
+    claimed: Arc<AtomicU64>,
+}
+
+impl Stop {
+    fn reached(&self) -> bool {
+        Instant::now() >= self.deadline || self.claimed.load(Ordering::Relaxed) >= self.claims
+    }
+}
+
+async fn work(
+    runner: &Runner,
+    seeded: &Seeded,
+    worker: usize,
+    stop: &Stop,
+    max: usize,
+) -> Measured {
+    let mut measured = Measured {
+        claims: 0,
+        elapsed: Duration::ZERO,
+        latencies: Vec::with_capacity(4096),
+        per_user: vec![0; seeded.jobs.len()],
+        errors: 0,
+        first_error: None,
+    };
+    while !stop.reached() {
+        let started = Instant::now();
+        let outcome = async {
+            let items = runner.claim(worker, max).await?;
+            let latency = started.elapsed().as_micros().min(u128::from(u32::MAX)) as u32;
+            for item in &items {
+                runner.complete(item).await?;
+            }
+            Ok::<_, BenchError>((latency, items))
+        }
+        .await;
+        match outcome {
+            Ok((latency, items)) if !items.is_empty() => {
+                measured.latencies.push(latency);
+                measured.claims += items.len() as u64;
+                stop.claimed.fetch_add(items.len() as u64, Ordering::Relaxed);
+                for item in &items {
+                    if let Some(user) = seeded.user_of(&item.job) {
+                        measured.per_user[user] += 1;
+                    }
+                }
+            }
+            // Every item is held by another worker right now; try again.
+            Ok(_) => tokio::task::yield_now().await,
+            Err(error) => {
+                measured.errors += 1;
+                measured.first_error.get_or_insert_with(|| error.to_string());
+            }
+        }
+    }
+    measured
+}

@@ -1,0 +1,314 @@
+//! Writes what a benchmark measured: JSON, an SVG chart and a markdown table with the targets.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::BenchError;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub cores: usize,
+    pub memory_gib: Option<f64>,
+    pub postgres: String,
+    pub os: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Run {
+    pub path: String,
+    pub users: usize,
+    pub tenants: usize,
+    pub components: usize,
+    pub backlog: usize,
+    pub workers: usize,
+    pub max: usize,
+    pub duration_s: f64,
+    pub claims_per_s: Option<f64>,
+    pub p50_ms: Option<f64>,
+    pub p90_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub jain: Option<f64>,
+    pub errors: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub command: String,
+    pub machine: Machine,
+    pub runs: Vec<Run>,
+}
+
+impl Report {
+    fn find(&self, path: &str, users: usize, backlog: usize) -> Option<&Run> {
+        self.runs
+            .iter()
+            .find(|run| run.path == path && run.users == users && run.backlog == backlog)
+    }
+
+    /// The matrix points measured, in order.
+    fn points(&self) -> Vec<(usize, usize)> {
+        let mut points: Vec<_> = self
+            .runs
+            .iter()
+            .filter(|run| run.path != "wakeup")
+            .map(|run| (run.users, run.backlog))
+            .collect();
+        points.sort_unstable_by_key(|&(users, backlog)| (backlog, users));
+        points.dedup();
+        points
+    }
+
+    fn paths(&self) -> Vec<String> {
+        let mut paths: Vec<String> = Vec::new();
+        for run in self.runs.iter().filter(|run| run.path != "wakeup") {
+            if !paths.contains(&run.path) {
+                paths.push(run.path.clone());
+            }
+        }
+        paths
+    }
+
+    /// Each target of the issue with its verdict: Some(true) met, Some(false) missed, None not
+    /// measured in this run.
+    pub fn targets(&self) -> Vec<(String, Option<bool>, String)> {
+        let mut targets = Vec::new();
+        let claims = |path: &str, u, b| self.find(path, u, b).and_then(|run| run.claims_per_s);
+        let points = self.points();
+
+        let mut ratio_target = |name: &str, other: &str, factor: f64, points: &[(usize, usize)]| {
+            let mut met = None;
+            let mut detail = Vec::new();
+            for &(users, backlog) in points {
+                if let (Some(fair), Some(base)) =
+                    (claims("fair", users, backlog), claims(other, users, backlog))
+                {
+                    let ratio = fair / base;
+                    met = Some(met.unwrap_or(true) && ratio >= factor);
+                    detail.push(format!("{users}u/{backlog}: {ratio:.2}x"));
+                }
+            }
+            targets.push((name.to_owned(), met, detail.join(", ")));
+        };
+        ratio_target("fair ≥ 0.8 × fifo at every point", "fifo", 0.8, &points);
+        let largest = [(10_000, 1_000_000)];
+        ratio_target(
+            "fair ≥ 10 × harmony_least_running at 10,000 users × 1,000,000",
+            "harmony_least_running",
+            10.0,
+            &largest,
+        );
+        ratio_target(
+            "fair ≥ 5 × harmony_round_robin at 10,000 users × 1,000,000",
+            "harmony_round_robin",
+            5.0,
+            &largest,
+        );
+
+        let p99 = |u, b| self.find("fair", u, b).and_then(|run| run.p99_ms);
+        let flat = match (p99(10_000, 1_000_000), p99(10, 10_000)) {
+            (Some(large), Some(small)) => (
+                Some(large <= 1.5 * small),
+                format!("{large:.2} ms vs {small:.2} ms: {:.2}x", large / small),
+            ),
+            _ => (None, "needs both points".to_owned()),
+        };
+        targets.push((
+            "fair p99 at 10,000 × 1,000,000 ≤ 1.5 × at 10 × 10,000".to_owned(),
+            flat.0,
+            flat.1,
+        ));
+
+        let mut jain_met = None;
+        let mut jain_detail = Vec::new();
+        for run in self.runs.iter().filter(|run| run.path == "fair") {
+            if let Some(jain) = run.jain {
+                jain_met = Some(jain_met.unwrap_or(true) && jain >= 0.99);
+                jain_detail.push(format!("{}u/{}: {jain:.4}", run.users, run.backlog));
+            }
+        }
+        targets.push((
+            "fair Jain index ≥ 0.99 at every point".to_owned(),
+            jain_met,
+            jain_detail.join(", "),
+        ));
+
+        let wakeup = self.runs.iter().find(|run| run.path == "wakeup").and_then(|run| run.p99_ms);
+        targets.push((
+            "wake-up p99 < 50 ms".to_owned(),
+            wakeup.map(|p99| p99 < 50.0),
+            wakeup.map(|p99| format!("{p99:.2} ms")).unwrap_or_default(),
+        ));
+
+        let mut http_met = None;
+        let mut http_detail = Vec::new();
+        for &(users, backlog) in &points {
+            if let (Some(http), Some(fair)) =
+                (claims("http", users, backlog), claims("fair", users, backlog))
+            {
+                http_met = Some(http_met.unwrap_or(true) && http >= 0.5 * fair);
+                http_detail.push(format!("{users}u/{backlog}: {:.2}x", http / fair));
+            }
+        }
+        targets.push(("http ≥ 0.5 × fair".to_owned(), http_met, http_detail.join(", ")));
+        targets
+    }
+
+    pub fn write(&self, dir: &Path) -> Result<(), BenchError> {
+        std::fs::create_dir_all(dir)?;
+        let json = serde_json::to_string_pretty(self)
+            .map_err(|e| BenchError::Unexpected(e.to_string()))?;
+        std::fs::write(dir.join("results.json"), json + "\n")?;
+        std::fs::write(dir.join("chart.svg"), self.chart())?;
+        std::fs::write(dir.join("results.md"), self.markdown())?;
+        Ok(())
+    }
+
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        let number = |value: Option<f64>, digits: usize| match value {
+            Some(value) => format!("{value:.digits$}"),
+            None => "–".to_owned(),
+        };
+        let _ = writeln!(out, "| path | users | backlog | workers | claims/s | p50 ms | p90 ms | p99 ms | Jain | errors |");
+        let _ =
+            writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+        for run in &self.runs {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                run.path,
+                run.users,
+                run.backlog,
+                run.workers,
+                number(run.claims_per_s, 0),
+                number(run.p50_ms, 2),
+                number(run.p90_ms, 2),
+                number(run.p99_ms, 2),
+                number(run.jain, 4),
+                run.errors
+            );
+        }
+        let _ = writeln!(out, "\n| target | verdict | measured |\n| --- | --- | --- |");
+        for (name, met, detail) in self.targets() {
+            let verdict = match met {
+                Some(true) => "met",
+                Some(false) => "**missed**",
+                None => "not measured",
+            };
+            let _ = writeln!(out, "| {name} | {verdict} | {detail} |");
+        }
+        out
+    }
+
+    /// Claims/s and p99 latency per path across the matrix, on log scales.
+    pub fn chart(&self) -> String {
+        const COLORS: [&str; 6] =
+            ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02"];
+        let points = self.points();
+        let paths = self.paths();
+        let (width, height, margin) = (520.0, 320.0, 60.0);
+        let mut svg = String::new();
+        let _ = write!(
+            svg,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="11">"#,
+            2.0 * width,
+            height + 70.0
+        );
+        let panels: [(&str, fn(&Run) -> Option<f64>); 2] = [
+            ("claims per second", |run| run.claims_per_s),
+            ("p99 claim latency (ms)", |run| run.p99_ms),
+        ];
+        for (panel, (title, value)) in panels.iter().enumerate() {
+            let left = panel as f64 * width;
+            let values: Vec<f64> = self
+                .runs
+                .iter()
+                .filter(|r| r.path != "wakeup")
+                .filter_map(value)
+                .filter(|v| *v > 0.0)
+                .collect();
+            let (low, high) =
+                values.iter().fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+            if values.is_empty() {
+                continue;
+            }
+            let (low, high) =
+                (low.log10().floor(), high.log10().ceil().max(low.log10().floor() + 1.0));
+            let x = |i: usize| {
+                left + margin
+                    + (i as f64 + 0.5) * (width - 1.5 * margin) / points.len().max(1) as f64
+            };
+            let y = |v: f64| {
+                height - margin + 20.0 - (v.log10() - low) / (high - low) * (height - 1.5 * margin)
+            };
+            let _ = write!(
+                svg,
+                r#"<text x="{}" y="20" font-size="13" font-weight="bold">{title}</text>"#,
+                left + margin
+            );
+            let mut decade = low;
+            while decade <= high {
+                let level = 10f64.powf(decade);
+                let _ = write!(
+                    svg,
+                    r##"<line x1="{}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{level}</text>"##,
+                    left + margin,
+                    left + width - margin / 2.0,
+                    left + margin - 4.0,
+                    y(level) + 4.0,
+                    y = y(level)
+                );
+                decade += 1.0;
+            }
+            for (i, (users, backlog)) in points.iter().enumerate() {
+                let _ = write!(
+                    svg,
+                    r#"<text x="{:.1}" y="{}" text-anchor="middle">{users}u</text><text x="{:.1}" y="{}" text-anchor="middle">{backlog}</text>"#,
+                    x(i),
+                    height - margin + 36.0,
+                    x(i),
+                    height - margin + 50.0
+                );
+            }
+            for (p, path) in paths.iter().enumerate() {
+                let color = COLORS[p % COLORS.len()];
+                let coordinates: Vec<String> = points
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, &(u, b))| {
+                        self.find(path, u, b)
+                            .and_then(value)
+                            .filter(|v| *v > 0.0)
+                            .map(|v| format!("{:.1},{:.1}", x(i), y(v)))
+                    })
+                    .collect();
+                let _ = write!(
+                    svg,
+                    r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
+                    coordinates.join(" ")
+                );
+                for point in &coordinates {
+                    if let Some((cx, cy)) = point.split_once(',') {
+                        let _ =
+                            write!(svg, r#"<circle cx="{cx}" cy="{cy}" r="3" fill="{color}"/>"#);
+                    }
+                }
+            }
+        }
+        for (p, path) in paths.iter().enumerate() {
+            let color = COLORS[p % COLORS.len()];
+            let lx = margin + p as f64 * 170.0;
+            let _ = write!(
+                svg,
+                r#"<rect x="{lx}" y="{}" width="12" height="12" fill="{color}"/><text x="{}" y="{}">{path}</text>"#,
+                height + 40.0,
+                lx + 16.0,
+                height + 50.0
+            );
+        }
+        svg.push_str("</svg>\n");
+        svg
+    }
+}

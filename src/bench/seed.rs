@@ -1,0 +1,119 @@
+//! Seeds the benchmark database in bulk, and resets it between claim paths.
+
+use deadpool_postgres::Pool;
+use futures_util::pin_mut;
+use serde_json::json;
+use tokio_postgres::binary_copy::BinaryCopyInWriter;
+use tokio_postgres::types::{ToSql, Type};
+use uuid::Uuid;
+
+use super::BenchError;
+
+/// The service every seeded item belongs to.
+pub const SERVICE: &str = "bench";
+
+const HARMONY_SCHEMA: &str = include_str!("../../sql/bench/harmony_schema.sql");
+const SEED_COUNTERS: &str = include_str!("../../sql/bench/seed_counters.sql");
+const RESET_ITEMS: &str = include_str!("../../sql/bench/reset_items.sql");
+
+/// What was seeded: each job belongs to the user with the same index.
+pub struct Seeded {
+    pub jobs: Vec<Uuid>,
+    /// Ready items seeded per user.
+    pub items: Vec<u64>,
+}
+
+impl Seeded {
+    pub fn user_of(&self, job: &Uuid) -> Option<usize> {
+        self.jobs.binary_search(job).ok()
+    }
+}
+
+fn username(index: usize) -> String {
+    format!("user-{index:05}")
+}
+
+/// `users` users with one asynchronous one-step job each, and `backlog` ready items split evenly
+/// between them, each job's items contiguous as a real submission's are; written with COPY, then
+/// counters, VACUUM and ANALYZE.
+pub async fn seed(pool: &Pool, users: usize, backlog: usize) -> Result<Seeded, BenchError> {
+    let client = pool.get().await?;
+    client.batch_execute(HARMONY_SCHEMA).await?;
+    // Sorted, so that a job's index is its user's index and lookups are a binary search.
+    let mut jobs: Vec<Uuid> = (0..users).map(|_| Uuid::new_v4()).collect();
+    jobs.sort_unstable();
+    let names: Vec<String> = (0..users).map(username).collect();
+
+    copy_rows(
+        &client,
+        "users (username)",
+        &[Type::TEXT],
+        names.iter().map(|name| vec![name as &(dyn ToSql + Sync)]),
+    )
+    .await?;
+    copy_rows(
+        &client,
+        "jobs (job_id, username, is_async)",
+        &[Type::UUID, Type::TEXT, Type::BOOL],
+        jobs.iter().zip(&names).map(|(job, name)| vec![job as &(dyn ToSql + Sync), name, &true]),
+    )
+    .await?;
+    copy_rows(
+        &client,
+        "user_work (job_id, step_index, username, service, is_async, aggregate)",
+        &[Type::UUID, Type::INT4, Type::TEXT, Type::TEXT, Type::BOOL, Type::BOOL],
+        jobs.iter().zip(&names).map(|(job, name)| {
+            vec![job as &(dyn ToSql + Sync), &0_i32, name, &SERVICE, &true, &false]
+        }),
+    )
+    .await?;
+    copy_rows(
+        &client,
+        "service_users (service, username)",
+        &[Type::TEXT, Type::TEXT],
+        names.iter().map(|name| vec![&SERVICE as &(dyn ToSql + Sync), name]),
+    )
+    .await?;
+    let items: Vec<u64> = (0..users)
+        .map(|user| (backlog / users + usize::from(user < backlog % users)) as u64)
+        .collect();
+    let payload = json!({});
+    copy_rows(
+        &client,
+        "work_items (job_id, step_index, payload)",
+        &[Type::UUID, Type::INT4, Type::JSONB],
+        jobs.iter()
+            .zip(&items)
+            .flat_map(|(job, &count)| std::iter::repeat_n(job, count as usize))
+            .map(|job| vec![job as &(dyn ToSql + Sync), &0_i32, &payload]),
+    )
+    .await?;
+    client.batch_execute(SEED_COUNTERS).await?;
+    client.batch_execute("VACUUM ANALYZE").await?;
+    Ok(Seeded { jobs, items })
+}
+
+async fn copy_rows<'a>(
+    client: &tokio_postgres::Client,
+    target: &str,
+    types: &[Type],
+    rows: impl Iterator<Item = Vec<&'a (dyn ToSql + Sync)>>,
+) -> Result<(), BenchError> {
+    let sink = client.copy_in(&format!("COPY {target} FROM STDIN (FORMAT binary)")).await?;
+    let writer = BinaryCopyInWriter::new(sink, types);
+    pin_mut!(writer);
+    for row in rows {
+        writer.as_mut().write(&row).await?;
+    }
+    writer.finish().await?;
+    Ok(())
+}
+
+/// Returns the database to its seeded state: every seeded item ready, every counter idle.
+pub async fn reset(pool: &Pool) -> Result<(), BenchError> {
+    let client = pool.get().await?;
+    client.batch_execute(RESET_ITEMS).await?;
+    client.batch_execute(SEED_COUNTERS).await?;
+    client.batch_execute("VACUUM ANALYZE").await?;
+    Ok(())
+}
