@@ -15,6 +15,9 @@ pub struct Machine {
     pub os: String,
 }
 
+/// Reads one measured value of a run, for a chart panel.
+type Metric = fn(&Run) -> Option<f64>;
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Run {
     pub path: String,
@@ -216,7 +219,7 @@ impl Report {
             2.0 * width,
             height + 70.0
         );
-        let panels: [(&str, fn(&Run) -> Option<f64>); 2] = [
+        let panels: [(&str, Metric); 2] = [
             ("claims per second", |run| run.claims_per_s),
             ("p99 claim latency (ms)", |run| run.p99_ms),
         ];
