@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use fairway::config::{Cli, Command, ServeArgs};
-use fairway::db::embedded::{self, EmbeddedPostgres};
+use fairway::db::embedded;
 use fairway::startup::Application;
 use tracing_subscriber::EnvFilter;
 
@@ -35,29 +35,12 @@ async fn main() -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> Result<(), String> {
-    let (database_url, private_server) = match &args.database.url {
-        Some(url) => (url.clone(), None),
-        None => {
-            let server = EmbeddedPostgres::start(
-                args.database.data_dir.as_deref(),
-                args.database.pg_bin.as_deref(),
-            )
+    let (database, private_server) =
+        fairway::db::connect_or_start(&args.database, EMBEDDED_DATABASE)
             .await
-            .map_err(|error| {
-                format!("{error}\n(or set DATABASE_URL to use an existing PostgreSQL)")
-            })?;
-            server
-                .create_database_if_missing(EMBEDDED_DATABASE)
-                .await
-                .map_err(|error| error.to_string())?;
-            let url = server.connection_string(EMBEDDED_DATABASE);
-            tracing::info!(database = %url, "using the private PostgreSQL server");
-            (url, Some(server))
-        }
-    };
+            .map_err(|error| error.to_string())?;
     let served = async {
-        let app =
-            Application::build(&args, &database_url).await.map_err(|error| error.to_string())?;
+        let app = Application::build(&args, database).await.map_err(|error| error.to_string())?;
         tracing::info!(address = %args.bind, "fairway is serving");
         app.run_until_stopped().await.map_err(|error| error.to_string())
     }

@@ -31,9 +31,11 @@ pub struct Application {
 }
 
 impl Application {
-    /// Connects to `database_url`, applies migrations and binds the HTTP listener.
-    pub async fn build(args: &ServeArgs, database_url: &str) -> Result<Self, StartupError> {
-        let config = db::pool::parse_config(database_url)?;
+    /// Connects to the database, applies migrations and binds the HTTP listener.
+    pub async fn build(
+        args: &ServeArgs,
+        config: tokio_postgres::Config,
+    ) -> Result<Self, StartupError> {
         let pool = db::pool::connect(config.clone(), args.database.pool_size)?;
         db::migrations::run(&pool).await?;
 

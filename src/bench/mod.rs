@@ -15,7 +15,7 @@ use tokio_postgres::NoTls;
 
 use crate::broker::{Broker, BrokerError, BrokerSettings, WorkSignals};
 use crate::config::{BenchArgs, BenchPath, DatabaseArgs, ServeArgs};
-use crate::db::embedded::{EmbeddedError, EmbeddedPostgres};
+use crate::db::embedded::EmbeddedError;
 use crate::db::{self, DbError};
 use crate::startup::{Application, StartupError};
 use paths::Runner;
@@ -53,18 +53,8 @@ impl From<EmbeddedError> for BenchError {
 
 pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
     let args = args.effective();
-    let (server_url, private_server) = match &args.database.url {
-        Some(url) => (url.clone(), None),
-        None => {
-            let server = EmbeddedPostgres::start(
-                args.database.data_dir.as_deref(),
-                args.database.pg_bin.as_deref(),
-            )
-            .await?;
-            (server.connection_string("postgres"), Some(server))
-        }
-    };
-    let outcome = run_matrix(&args, &server_url).await;
+    let (admin, private_server) = db::connect_or_start(&args.database, "postgres").await?;
+    let outcome = run_matrix(&args, &admin).await;
     if let Some(server) = private_server {
         server.stop().await?;
     }
@@ -75,14 +65,16 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
     Ok(())
 }
 
-async fn run_matrix(args: &BenchArgs, server_url: &str) -> Result<Report, BenchError> {
-    let admin_config = db::pool::parse_config(server_url)?;
+async fn run_matrix(
+    args: &BenchArgs,
+    admin_config: &tokio_postgres::Config,
+) -> Result<Report, BenchError> {
     let mut runs = Vec::new();
     let mut postgres = String::new();
     for &backlog in &args.backlog {
         for &users in &args.users {
             let (users, backlog) = (users as usize, backlog as usize);
-            let config = fresh_database(&admin_config).await?;
+            let config = fresh_database(admin_config).await?;
             let pool = db::pool::connect(config.clone(), args.workers + 2)?;
             db::migrations::run(&pool).await?;
             postgres = pool.get().await?.query_one("SHOW server_version", &[]).await?.try_get(0)?;
@@ -108,7 +100,7 @@ async fn run_matrix(args: &BenchArgs, server_url: &str) -> Result<Report, BenchE
         }
     }
     if args.wakeup_trials > 0 {
-        runs.push(run_wakeup(args, &admin_config).await?);
+        runs.push(run_wakeup(args, admin_config).await?);
     }
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     Ok(Report { command, machine: machine(postgres), runs })
@@ -129,11 +121,11 @@ async fn fresh_database(
     Ok(config)
 }
 
-fn serve_args(args: &BenchArgs, url: &str) -> ServeArgs {
+fn serve_args(args: &BenchArgs) -> ServeArgs {
     ServeArgs {
         bind: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         database: DatabaseArgs {
-            url: Some(url.to_owned()),
+            url: None,
             data_dir: None,
             pg_bin: None,
             pool_size: args.workers + 2,
@@ -143,29 +135,6 @@ fn serve_args(args: &BenchArgs, url: &str) -> ServeArgs {
         reap_interval: Duration::from_secs(1),
         max_body_bytes: 1024 * 1024,
     }
-}
-
-fn connection_string(config: &tokio_postgres::Config) -> String {
-    use tokio_postgres::config::Host;
-    let mut parts = Vec::new();
-    match config.get_hosts().first() {
-        Some(Host::Tcp(host)) => parts.push(format!("host={host}")),
-        Some(Host::Unix(path)) => parts.push(format!("host={}", path.display())),
-        None => {}
-    }
-    if let Some(port) = config.get_ports().first() {
-        parts.push(format!("port={port}"));
-    }
-    if let Some(user) = config.get_user() {
-        parts.push(format!("user={user}"));
-    }
-    if let Some(password) = config.get_password() {
-        parts.push(format!("password={}", String::from_utf8_lossy(password)));
-    }
-    if let Some(dbname) = config.get_dbname() {
-        parts.push(format!("dbname={dbname}"));
-    }
-    parts.join(" ")
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -192,11 +161,7 @@ async fn run_path(
             WorkSignals::default(),
         )),
         BenchPath::Http => {
-            let app = Application::build(
-                &serve_args(args, &connection_string(config)),
-                &connection_string(config),
-            )
-            .await?;
+            let app = Application::build(&serve_args(args), config.clone()).await?;
             let base = format!("http://127.0.0.1:{}", app.port());
             let handle = app.handle();
             server = Some((handle, tokio::spawn(app.run_until_stopped())));
@@ -258,8 +223,7 @@ fn path_name(path: BenchPath) -> String {
 
 async fn run_wakeup(args: &BenchArgs, admin: &tokio_postgres::Config) -> Result<Run, BenchError> {
     let config = fresh_database(admin).await?;
-    let url = connection_string(&config);
-    let app = Application::build(&serve_args(args, &url), &url).await?;
+    let app = Application::build(&serve_args(args), config).await?;
     let base = format!("http://127.0.0.1:{}", app.port());
     let broker = app.broker().clone();
     let handle = app.handle();

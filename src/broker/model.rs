@@ -56,16 +56,21 @@ impl ServiceName {
 #[serde(transparent)]
 pub struct UserName(String);
 
+/// Checks a free-form name: 1..255 characters, no NUL (which PostgreSQL text cannot hold).
+fn bounded_name(name: &str, code: &'static str, what: &str) -> Result<String, BrokerError> {
+    let length = name.chars().count();
+    if length == 0 || length > 255 || name.contains('\0') {
+        return Err(BrokerError::invalid(
+            code,
+            format!("{what} must be 1 to 255 characters, without NUL"),
+        ));
+    }
+    Ok(name.to_owned())
+}
+
 impl UserName {
     pub fn parse(name: &str) -> Result<Self, BrokerError> {
-        let length = name.chars().count();
-        if length == 0 || length > 255 || name.contains('\0') {
-            return Err(BrokerError::invalid(
-                "invalid_user",
-                "user must be 1 to 255 characters, without NUL",
-            ));
-        }
-        Ok(Self(name.to_owned()))
+        bounded_name(name, "invalid_user", "user").map(Self)
     }
 
     pub fn as_str(&self) -> &str {
@@ -80,14 +85,7 @@ pub struct QuerierName(String);
 
 impl QuerierName {
     pub fn parse(name: &str) -> Result<Self, BrokerError> {
-        let length = name.chars().count();
-        if length == 0 || length > 255 || name.contains('\0') {
-            return Err(BrokerError::invalid(
-                "invalid_querier",
-                "querier must be 1 to 255 characters, without NUL",
-            ));
-        }
-        Ok(Self(name.to_owned()))
+        bounded_name(name, "invalid_querier", "querier").map(Self)
     }
 
     pub fn as_str(&self) -> &str {

@@ -161,36 +161,11 @@ pub async fn spawn_app_with(args: ServeArgs) -> TestApp {
 
 /// Starts one more broker on an existing database, as a second broker process would.
 pub async fn spawn_broker(args: ServeArgs, config: tokio_postgres::Config) -> TestApp {
-    let url = connection_string(&config);
-    let app = Application::build(&args, &url).await.expect("build the broker");
+    let app = Application::build(&args, config.clone()).await.expect("build the broker");
     let address = format!("http://127.0.0.1:{}", app.port());
     tokio::spawn(app.run_until_stopped());
     let db = connect(&config).await;
     TestApp { address, http: reqwest::Client::new(), db, config }
-}
-
-fn connection_string(config: &tokio_postgres::Config) -> String {
-    use tokio_postgres::config::Host;
-    let mut parts = Vec::new();
-    if let Some(host) = config.get_hosts().first() {
-        match host {
-            Host::Tcp(host) => parts.push(format!("host={host}")),
-            Host::Unix(path) => parts.push(format!("host={}", path.display())),
-        }
-    }
-    if let Some(port) = config.get_ports().first() {
-        parts.push(format!("port={port}"));
-    }
-    if let Some(user) = config.get_user() {
-        parts.push(format!("user={user}"));
-    }
-    if let Some(password) = config.get_password() {
-        parts.push(format!("password={}", String::from_utf8_lossy(password)));
-    }
-    if let Some(dbname) = config.get_dbname() {
-        parts.push(format!("dbname={dbname}"));
-    }
-    parts.join(" ")
 }
 
 impl TestApp {
