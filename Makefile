@@ -20,6 +20,20 @@ else
 	./target/debug/fairway postgres --data-dir $(TEST_PG_DATA) --ephemeral -- $(CARGO) test --all-targets
 endif
 
+## Measure the broker beside its baselines (about 8 minutes on 2 cores); results in docs/bench/.
+bench:
+	$(CARGO) run --release -- bench --out docs/bench
+
+## The two-minute smoke version, on a throwaway cluster unless DATABASE_URL is set.
+bench-quick:
+	$(CARGO) build --release --bin fairway
+ifdef DATABASE_URL
+	./target/release/fairway bench --quick --out target/bench-quick
+else
+	./target/release/fairway postgres --data-dir target/bench-postgres --ephemeral -- \
+		./target/release/fairway bench --quick --out target/bench-quick
+endif
+
 ## What CI checks besides the tests.
 lint:
 	$(CARGO) fmt --check

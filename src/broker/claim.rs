@@ -3,10 +3,11 @@ use std::time::Duration;
 
 use deadpool_postgres::GenericClient;
 use tokio::time::Instant;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use super::model::{ClaimRequest, JobId, WorkItem, WorkItemId};
-use super::sql::{self, CLAIM_NEXT_ITEM, LOCK_BEST_READY_USER};
+use super::sql::{self, CLAIM_NEXT_ITEM, HAS_CLAIMABLE_WORK};
 use super::{Broker, BrokerError};
 
 impl Broker {
@@ -16,18 +17,22 @@ impl Broker {
         let mut client = self.client().await?;
         let service = request.service.as_str();
         let lease = self.lease_millis();
-        let params: sql::Params = &[&service, &request.querier.as_str(), &request.worker, &lease];
+        let querier = request.querier.as_str();
+        let claim = |wait: &'static bool| -> [&(dyn ToSql + Sync); 5] {
+            [&service, &querier, &request.worker, &lease, wait]
+        };
         if request.max == 1 {
             // The common case is one statement: let it commit on its own, without BEGIN/COMMIT.
-            if let Some(row) = sql::query_opt(&client, CLAIM_NEXT_ITEM, params).await? {
-                return Ok(vec![work_item(&row, service)?]);
-            }
+            let row = claim_one(&client, &claim(&true)).await?;
+            return row.map(|row| work_item(&row, service)).into_iter().collect();
         }
         let tx = client.transaction().await?;
-
         let mut items = Vec::with_capacity(request.max);
         while items.len() < request.max {
-            match claim_one(&tx, params, items.is_empty()).await? {
+            // Only the first item of a batch may wait for a busy user: a batch that holds one
+            // user's lock and waits for another's could deadlock with a batch doing the reverse.
+            let wait = if items.is_empty() { &true } else { &false };
+            match claim_one(&tx, &claim(wait)).await? {
                 Some(row) => items.push(work_item(&row, service)?),
                 None => break,
             }
@@ -60,25 +65,21 @@ impl Broker {
     }
 }
 
-/// How often a claim that keeps losing races retries before it reports no work.
-const CONTENDED_ATTEMPTS: usize = 3;
+/// How often a claim retries when it lost a race for the work it chose (another claim or a
+/// cancel took it first) before it reports no work.
+const ATTEMPTS: usize = 3;
 
-/// Claims one item. With `wait_if_contended`, a claim that found every user with claimable work
-/// held by concurrent claims (a lone user and many workers) queues behind the best of them
-/// rather than answering "no work" while work exists.
+/// Claims one item. A claim can come back empty while work exists only when it lost a race
+/// after waiting for a busy user; it then tries again, a bounded number of times.
 async fn claim_one(
-    tx: &impl GenericClient,
+    client: &impl GenericClient,
     params: sql::Params<'_>,
-    wait_if_contended: bool,
 ) -> Result<Option<Row>, BrokerError> {
-    let service = params[0];
-    for _ in 0..CONTENDED_ATTEMPTS {
-        if let Some(row) = sql::query_opt(tx, CLAIM_NEXT_ITEM, params).await? {
+    for _ in 0..ATTEMPTS {
+        if let Some(row) = sql::query_opt(client, CLAIM_NEXT_ITEM, params).await? {
             return Ok(Some(row));
         }
-        if !wait_if_contended
-            || sql::query_opt(tx, LOCK_BEST_READY_USER, &[service]).await?.is_none()
-        {
+        if sql::query_opt(client, HAS_CLAIMABLE_WORK, &params[..1]).await?.is_none() {
             return Ok(None);
         }
     }

@@ -29,13 +29,13 @@ statements! {
     FINISH_ITEM = "finish_item";
     GET_JOB = "get_job";
     GET_JOB_STEPS = "get_job_steps";
+    HAS_CLAIMABLE_WORK = "has_claimable_work";
     INSERT_AGGREGATE_ITEM = "insert_aggregate_item";
     INSERT_FIRST_STEP_ITEMS = "insert_first_step_items";
     INSERT_JOB = "insert_job";
     INSERT_JOB_STEPS = "insert_job_steps";
     INSERT_NEXT_STEP_ITEMS = "insert_next_step_items";
     LIST_USER_WORK = "list_user_work";
-    LOCK_BEST_READY_USER = "lock_best_ready_user";
     LOCK_JOB_OWNER = "lock_job_owner";
     LOCK_USER = "lock_user";
     NOTIFY_WORK_READY = "notify_work_ready";
