@@ -131,9 +131,18 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 32)]
     pub workers: usize,
 
-    /// How long each path runs at each point of the matrix.
+    /// How long each path runs at least, at each point of the matrix.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
+
+    /// Runs go on past --duration until every user could have been served this many items, so
+    /// that per-user counts are large enough for Jain's index to mean something...
+    #[arg(long, default_value_t = 10)]
+    pub rounds: u64,
+
+    /// ...but no longer than this. Every run also ends once half the backlog is handed out.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub max_duration: Duration,
 
     /// Items per claim.
     #[arg(long, default_value_t = 1)]
@@ -167,6 +176,7 @@ impl BenchArgs {
             self.users = vec![10, 1000];
             self.backlog = vec![10_000];
             self.duration = Duration::from_secs(2);
+            self.max_duration = Duration::from_secs(2);
             self.wakeup_trials = self.wakeup_trials.min(50);
         }
         self

@@ -171,7 +171,12 @@ async fn run_path(
         other => Runner::Sql { pool: pool.clone(), path: other },
     };
     // Half the backlog at most: every user keeps work for the whole run, as in steady state.
-    let limits = paths::Limits { duration: args.duration, claims: (backlog / 2) as u64 };
+    let limits = paths::Limits {
+        duration: args.duration,
+        max_duration: args.max_duration.max(args.duration),
+        wanted: args.rounds.saturating_mul(users as u64),
+        cap: (backlog / 2) as u64,
+    };
     let measured =
         paths::measure(Arc::new(runner), seeded.clone(), args.workers, limits, args.max).await;
     if let Some((handle, task)) = server {

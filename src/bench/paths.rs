@@ -181,12 +181,15 @@ pub struct Measured {
     pub first_error: Option<String>,
 }
 
-/// When a run ends: after `duration`, or once `claims` items were handed out, so that no user
-/// runs out of work because the run outlasted the backlog.
+/// When a run ends: once `duration` has passed and `wanted` items were handed out, or at
+/// `max_duration`, or once `cap` items were handed out (so that no user runs out of work
+/// because the run outlasted the backlog), whichever comes first.
 #[derive(Clone, Copy)]
 pub struct Limits {
     pub duration: Duration,
-    pub claims: u64,
+    pub max_duration: Duration,
+    pub wanted: u64,
+    pub cap: u64,
 }
 
 /// Drives `workers` concurrent workers through claim and complete until a limit is reached.
@@ -198,12 +201,11 @@ pub async fn measure(
     max: usize,
 ) -> Measured {
     let started = Instant::now();
-    let deadline = started + limits.duration;
     let claimed = Arc::new(AtomicU64::new(0));
     let handles: Vec<_> = (0..workers)
         .map(|worker| {
             let (runner, seeded, claimed) = (runner.clone(), seeded.clone(), claimed.clone());
-            let stop = Stop { deadline, claims: limits.claims, claimed };
+            let stop = Stop { started, limits, claimed };
             tokio::spawn(async move { work(&runner, &seeded, worker, &stop, max).await })
         })
         .collect();
@@ -233,14 +235,18 @@ pub async fn measure(
 }
 
 struct Stop {
-    deadline: Instant,
-    claims: u64,
+    started: Instant,
+    limits: Limits,
     claimed: Arc<AtomicU64>,
 }
 
 impl Stop {
     fn reached(&self) -> bool {
-        Instant::now() >= self.deadline || self.claimed.load(Ordering::Relaxed) >= self.claims
+        let elapsed = self.started.elapsed();
+        let claimed = self.claimed.load(Ordering::Relaxed);
+        (elapsed >= self.limits.duration && claimed >= self.limits.wanted)
+            || elapsed >= self.limits.max_duration
+            || claimed >= self.limits.cap
     }
 }
 

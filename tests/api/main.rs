@@ -6,5 +6,6 @@ mod helpers;
 mod leases;
 mod lifecycle;
 mod longpoll;
+mod plans;
 mod validation;
 mod workflow;
