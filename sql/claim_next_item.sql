@@ -1,6 +1,7 @@
 -- Hands out the next work item of service $1 to worker $3 of querier $2, leased for $4
--- milliseconds, by Harmony's fair order; with $5, waits rather than answer nothing while
--- every user with claimable work is being served by another claim. Returns at most one row.
+-- milliseconds, by Harmony's fair order. Returns at most one row: none when there is no
+-- claimable work, or when every user with claimable work is held by another transaction
+-- (the broker then waits for one to be released, without holding a connection).
 --
 -- Steps 1-3: the first user in service_users_fair_order (least work in progress over all
 -- services, then least recently worked) whose users row is free. SKIP LOCKED sends a concurrent
@@ -9,28 +10,14 @@
 -- Step 5: the item is leased, and user_work, users and every service_users row of the user are
 -- brought up to date in this same statement, so the counters never drift.
 WITH chosen_user AS (
-    -- The best user nobody else is claiming for. Only when every user with claimable work is
-    -- busy (a lone user and many workers), and $5 allows it, wait for the best of them: a
-    -- lone user must still get every worker. COALESCE evaluates the waiting pick only then.
-    SELECT coalesce(
-               (SELECT u.username
-                  FROM service_users su
-                  JOIN users u ON u.username = su.username
-                 WHERE su.service = $1
-                   AND su.ready_count > 0
-                 ORDER BY su.running_count, su.last_worked NULLS FIRST, su.username
-                 LIMIT 1
-                   FOR NO KEY UPDATE OF u SKIP LOCKED),
-               (SELECT u.username
-                  FROM service_users su
-                  JOIN users u ON u.username = su.username
-                 WHERE $5
-                   AND su.service = $1
-                   AND su.ready_count > 0
-                 ORDER BY su.running_count, su.last_worked NULLS FIRST, su.username
-                 LIMIT 1
-                   FOR NO KEY UPDATE OF u)
-           ) AS username
+    SELECT u.username
+      FROM service_users su
+      JOIN users u ON u.username = su.username
+     WHERE su.service = $1
+       AND su.ready_count > 0
+     ORDER BY su.running_count, su.last_worked NULLS FIRST, su.username
+     LIMIT 1
+       FOR NO KEY UPDATE OF u SKIP LOCKED
 ), chosen_step AS (
     -- Compared with scalar subqueries rather than joined, so that the index's leading columns
     -- are bound and it yields rows already in order: no sort of the user's jobs or the job's
@@ -38,7 +25,7 @@ WITH chosen_user AS (
     SELECT uw.job_id, uw.step_index
       FROM user_work uw
      WHERE uw.service = $1
-       AND uw.username = (SELECT username FROM chosen_user WHERE username IS NOT NULL)
+       AND uw.username = (SELECT username FROM chosen_user)
        AND uw.ready_count > 0
        AND NOT uw.paused
      ORDER BY uw.is_async, uw.last_worked NULLS FIRST, uw.job_id, uw.step_index

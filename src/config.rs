@@ -141,12 +141,17 @@ pub struct BenchArgs {
     pub rounds: u64,
 
     /// ...but no longer than this. Every run also ends once half the backlog is handed out.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "45s", value_parser = humantime::parse_duration)]
     pub max_duration: Duration,
 
     /// Items per claim.
     #[arg(long, default_value_t = 1)]
     pub max: usize,
+
+    /// Database connections every path gets: the workers queue for them, as a broker's requests
+    /// queue for its pool [default: the number of workers].
+    #[arg(long)]
+    pub pool_size: Option<usize>,
 
     /// Claim paths to run (comma-separated).
     #[arg(

@@ -75,7 +75,7 @@ async fn run_matrix(
         for &users in &args.users {
             let (users, backlog) = (users as usize, backlog as usize);
             let config = fresh_database(admin_config).await?;
-            let pool = db::pool::connect(config.clone(), args.workers + 2)?;
+            let pool = db::pool::connect(config.clone(), pool_size(args))?;
             db::migrations::run(&pool).await?;
             postgres = pool.get().await?.query_one("SHOW server_version", &[]).await?.try_get(0)?;
             eprintln!("seeding {users} users and {backlog} items");
@@ -121,6 +121,10 @@ async fn fresh_database(
     Ok(config)
 }
 
+fn pool_size(args: &BenchArgs) -> usize {
+    args.pool_size.unwrap_or(args.workers).max(1)
+}
+
 fn serve_args(args: &BenchArgs) -> ServeArgs {
     ServeArgs {
         bind: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -128,7 +132,7 @@ fn serve_args(args: &BenchArgs) -> ServeArgs {
             url: None,
             data_dir: None,
             pg_bin: None,
-            pool_size: args.workers + 2,
+            pool_size: pool_size(args),
         },
         lease: Duration::from_secs(300),
         max_retries: 3,

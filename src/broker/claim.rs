@@ -1,44 +1,83 @@
 use std::pin::pin;
 use std::time::Duration;
 
-use deadpool_postgres::GenericClient;
 use tokio::time::Instant;
-use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use super::model::{ClaimRequest, JobId, WorkItem, WorkItemId};
 use super::sql::{self, CLAIM_NEXT_ITEM, HAS_CLAIMABLE_WORK};
 use super::{Broker, BrokerError};
 
+/// How long a claim that found every user with work busy waits for a release signalled in
+/// this process before it looks again anyway (other brokers' releases are not signalled here).
+const RELEASE_POLL: Duration = Duration::from_millis(50);
+
+/// How long a claim keeps waiting for busy users before it reports no work.
+const CONTENDED_LIMIT: Duration = Duration::from_secs(5);
+
+/// What one look for work found.
+enum Look {
+    Claimed(Vec<WorkItem>),
+    /// Work exists, but every user who has it is held by another transaction right now.
+    Contended,
+    Nothing,
+}
+
 impl Broker {
     /// Hands out up to `request.max` work items of the service in one transaction, each chosen
     /// by the fair order as a single claim would choose it. Empty when nothing is ready.
+    ///
+    /// When every user with work is being served by other claims (a lone user and many workers),
+    /// the claim waits here for one of them to be released rather than answer "no work", and
+    /// rather than queue inside PostgreSQL on a row lock while holding a connection.
     pub async fn claim(&self, request: &ClaimRequest) -> Result<Vec<WorkItem>, BrokerError> {
+        let signal = self.signals.for_service(request.service.as_str());
+        let deadline = Instant::now() + CONTENDED_LIMIT;
+        loop {
+            let mut released = pin!(signal.released());
+            released.as_mut().enable();
+            match self.look_for_work(request).await? {
+                Look::Claimed(items) => {
+                    signal.release_one();
+                    return Ok(items);
+                }
+                Look::Nothing => return Ok(Vec::new()),
+                Look::Contended if Instant::now() >= deadline => return Ok(Vec::new()),
+                Look::Contended => {
+                    let _ = tokio::time::timeout(RELEASE_POLL, released).await;
+                }
+            }
+        }
+    }
+
+    async fn look_for_work(&self, request: &ClaimRequest) -> Result<Look, BrokerError> {
         let mut client = self.client().await?;
         let service = request.service.as_str();
         let lease = self.lease_millis();
-        let querier = request.querier.as_str();
-        let claim = |wait: &'static bool| -> [&(dyn ToSql + Sync); 5] {
-            [&service, &querier, &request.worker, &lease, wait]
-        };
-        if request.max == 1 {
+        let params: sql::Params = &[&service, &request.querier.as_str(), &request.worker, &lease];
+        let items = if request.max == 1 {
             // The common case is one statement: let it commit on its own, without BEGIN/COMMIT.
-            let row = claim_one(&client, &claim(&true)).await?;
-            return row.map(|row| work_item(&row, service)).into_iter().collect();
-        }
-        let tx = client.transaction().await?;
-        let mut items = Vec::with_capacity(request.max);
-        while items.len() < request.max {
-            // Only the first item of a batch may wait for a busy user: a batch that holds one
-            // user's lock and waits for another's could deadlock with a batch doing the reverse.
-            let wait = if items.is_empty() { &true } else { &false };
-            match claim_one(&tx, &claim(wait)).await? {
-                Some(row) => items.push(work_item(&row, service)?),
-                None => break,
+            let row = sql::query_opt(&client, CLAIM_NEXT_ITEM, params).await?;
+            row.map(|row| work_item(&row, service)).into_iter().collect::<Result<Vec<_>, _>>()?
+        } else {
+            let tx = client.transaction().await?;
+            let mut items = Vec::with_capacity(request.max);
+            while items.len() < request.max {
+                match sql::query_opt(&tx, CLAIM_NEXT_ITEM, params).await? {
+                    Some(row) => items.push(work_item(&row, service)?),
+                    None => break,
+                }
             }
+            tx.commit().await?;
+            items
+        };
+        if !items.is_empty() {
+            return Ok(Look::Claimed(items));
         }
-        tx.commit().await?;
-        Ok(items)
+        Ok(match sql::query_opt(&client, HAS_CLAIMABLE_WORK, &[&service]).await? {
+            Some(_) => Look::Contended,
+            None => Look::Nothing,
+        })
     }
 
     /// Like `claim`, but when nothing is ready waits up to `wait` for work of the service to
@@ -63,27 +102,6 @@ impl Broker {
             }
         }
     }
-}
-
-/// How often a claim retries when it lost a race for the work it chose (another claim or a
-/// cancel took it first) before it reports no work.
-const ATTEMPTS: usize = 3;
-
-/// Claims one item. A claim can come back empty while work exists only when it lost a race
-/// after waiting for a busy user; it then tries again, a bounded number of times.
-async fn claim_one(
-    client: &impl GenericClient,
-    params: sql::Params<'_>,
-) -> Result<Option<Row>, BrokerError> {
-    for _ in 0..ATTEMPTS {
-        if let Some(row) = sql::query_opt(client, CLAIM_NEXT_ITEM, params).await? {
-            return Ok(Some(row));
-        }
-        if sql::query_opt(client, HAS_CLAIMABLE_WORK, &params[..1]).await?.is_none() {
-            return Ok(None);
-        }
-    }
-    Ok(None)
 }
 
 fn work_item(row: &Row, service: &str) -> Result<WorkItem, BrokerError> {

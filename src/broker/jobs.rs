@@ -21,15 +21,21 @@ pub(super) struct StepDeltas {
     pub canceled: i32,
 }
 
+/// A job step after its counts moved.
+pub(super) struct StepChange {
+    pub service: String,
+    pub job_open_items: i32,
+}
+
 /// Moves a step's counts (and the user's fair-order rows with them), and wakes waiting workers
 /// when the user's work for the service became claimable. The caller holds the user's row lock.
-/// Returns how many items of the whole job are still ready or running.
+/// Returns the step's service and how many items of the whole job are still ready or running.
 pub(super) async fn apply_step_deltas(
     tx: &impl GenericClient,
     job_id: JobId,
     step: i32,
     deltas: StepDeltas,
-) -> Result<i32, BrokerError> {
+) -> Result<StepChange, BrokerError> {
     let row = sql::query_opt(
         tx,
         APPLY_STEP_DELTAS,
@@ -47,11 +53,11 @@ pub(super) async fn apply_step_deltas(
     .ok_or_else(|| {
         BrokerError::not_found("step_not_found", format!("job {job_id} has no step {step}"))
     })?;
+    let service: String = row.try_get("service")?;
     if row.try_get("became_claimable")? {
-        let service: String = row.try_get("service")?;
         sql::execute(tx, NOTIFY_WORK_READY, &[&service]).await?;
     }
-    Ok(row.try_get("job_open_items")?)
+    Ok(StepChange { service, job_open_items: row.try_get("job_open_items")? })
 }
 
 impl Broker {

@@ -15,6 +15,12 @@ enum Ending {
     Failed { error: Option<String>, retryable: bool },
 }
 
+/// An attempt that ended: the item's status now, and its service.
+struct Ended {
+    status: ItemStatus,
+    service: String,
+}
+
 /// Whether an ending applies to any running attempt, or only to one whose lease has expired.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum LeaseCondition {
@@ -33,27 +39,26 @@ impl Broker {
     ) -> Result<ItemStatus, BrokerError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        let status = match update {
+        let ending = match update {
             // A heartbeat touches no counter, so it needs no user lock.
             StatusUpdate::Running => {
                 let lease = self.lease_millis();
-                sql::query_opt(&tx, EXTEND_LEASE, &[&id.0, &attempt, &lease])
-                    .await?
-                    .map(|_| ItemStatus::Running)
-            }
-            StatusUpdate::Successful { results } => {
-                self.end_attempt(&tx, id, attempt, Ending::Successful(results), LeaseCondition::Any)
-                    .await?
-            }
-            StatusUpdate::Failed { error, retryable } => {
-                let ending = Ending::Failed { error, retryable };
-                self.end_attempt(&tx, id, attempt, ending, LeaseCondition::Any).await?
-            }
-        };
-        match status {
-            Some(status) => {
+                let extended =
+                    sql::query_opt(&tx, EXTEND_LEASE, &[&id.0, &attempt, &lease]).await?;
+                if extended.is_none() {
+                    return Err(why_not_applied(&tx, id, attempt).await?);
+                }
                 tx.commit().await?;
-                Ok(status)
+                return Ok(ItemStatus::Running);
+            }
+            StatusUpdate::Successful { results } => Ending::Successful(results),
+            StatusUpdate::Failed { error, retryable } => Ending::Failed { error, retryable },
+        };
+        match self.end_attempt(&tx, id, attempt, ending, LeaseCondition::Any).await? {
+            Some(ended) => {
+                tx.commit().await?;
+                self.signals.for_service(&ended.service).release_one();
+                Ok(ended.status)
             }
             None => Err(why_not_applied(&tx, id, attempt).await?),
         }
@@ -75,9 +80,11 @@ impl Broker {
             let tx = client.transaction().await?;
             let ending =
                 Ending::Failed { error: Some("lease expired".to_owned()), retryable: true };
-            if self.end_attempt(&tx, id, attempt, ending, LeaseCondition::Expired).await?.is_some()
+            if let Some(ended) =
+                self.end_attempt(&tx, id, attempt, ending, LeaseCondition::Expired).await?
             {
                 tx.commit().await?;
+                self.signals.for_service(&ended.service).release_one();
                 reaped += 1;
             }
         }
@@ -93,7 +100,7 @@ impl Broker {
         attempt: i32,
         ending: Ending,
         condition: LeaseCondition,
-    ) -> Result<Option<ItemStatus>, BrokerError> {
+    ) -> Result<Option<Ended>, BrokerError> {
         let retry_allowed = i64::from(attempt) <= i64::from(self.settings.max_retries);
         let (status, results, error) = match ending {
             Ending::Successful(results) => {
@@ -121,27 +128,30 @@ impl Broker {
             ItemStatus::Successful => deltas.successful = 1,
             _ => deltas.failed = 1,
         }
-        let mut open_items = apply_step_deltas(tx, job_id, step, deltas).await?;
+        let change = apply_step_deltas(tx, job_id, step, deltas).await?;
+        let service = change.service;
+        let mut open_items = change.job_open_items;
 
         if status == ItemStatus::Successful && next_step_aggregates == Some(false) {
             let created: i32 =
                 sql::query_one(tx, INSERT_NEXT_STEP_ITEMS, &[&id.0, &step]).await?.try_get(0)?;
             if created > 0 {
                 let ready = StepDeltas { ready: created, ..Default::default() };
-                open_items = apply_step_deltas(tx, job_id, step + 1, ready).await?;
+                open_items = apply_step_deltas(tx, job_id, step + 1, ready).await?.job_open_items;
             }
         }
         if job_aggregates && status != ItemStatus::Ready {
             if let Some(row) = sql::query_opt(tx, INSERT_AGGREGATE_ITEM, &[&job_id.0]).await? {
                 let aggregate_step: i32 = row.try_get("step_index")?;
                 let ready = StepDeltas { ready: 1, ..Default::default() };
-                open_items = apply_step_deltas(tx, job_id, aggregate_step, ready).await?;
+                open_items =
+                    apply_step_deltas(tx, job_id, aggregate_step, ready).await?.job_open_items;
             }
         }
         if open_items == 0 {
             sql::execute(tx, REFRESH_JOB_STATUS, &[&job_id.0]).await?;
         }
-        Ok(Some(status))
+        Ok(Some(Ended { status, service }))
     }
 }
 

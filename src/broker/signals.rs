@@ -14,10 +14,22 @@ pub struct WorkSignals {
 #[derive(Default)]
 pub struct ServiceSignal {
     ready: Notify,
+    released: Notify,
     waiting: AtomicUsize,
 }
 
 impl ServiceSignal {
+    /// Completes when this broker released a user of the service (a claim or completion
+    /// committed), so that a claim that found every user busy can look again.
+    pub fn released(&self) -> tokio::sync::futures::Notified<'_> {
+        self.released.notified()
+    }
+
+    /// One user of the service is free again: one waiting claim may try.
+    pub fn release_one(&self) {
+        self.released.notify_one();
+    }
+
     /// Register interest (`Notified::enable`) before looking for work, so that work arriving in
     /// between is not missed.
     pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {

@@ -68,7 +68,7 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
     };
 
     let statements = [
-        ("claim_next_item", sql::CLAIM_NEXT_ITEM, "'svc', 'pod-0', 0, 300000, true".to_owned()),
+        ("claim_next_item", sql::CLAIM_NEXT_ITEM, "'svc', 'pod-0', 0, 300000".to_owned()),
         ("has_claimable_work", sql::HAS_CLAIMABLE_WORK, "'svc'".to_owned()),
         (
             "finish_item",
