@@ -148,11 +148,6 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     pub max: usize,
 
-    /// Database connections every path gets: the workers queue for them, as a broker's requests
-    /// queue for its pool [default: the number of workers].
-    #[arg(long)]
-    pub pool_size: Option<usize>,
-
     /// Claim paths to run (comma-separated).
     #[arg(
         long,
@@ -185,5 +180,17 @@ impl BenchArgs {
             self.wakeup_trials = self.wakeup_trials.min(50);
         }
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    #[test]
+    fn every_flag_is_well_formed_and_unique() {
+        Cli::command().debug_assert();
     }
 }

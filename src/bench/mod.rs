@@ -121,8 +121,9 @@ async fn fresh_database(
     Ok(config)
 }
 
+/// Every path gets the same pool: --pool-size, 32 by default like the workers.
 fn pool_size(args: &BenchArgs) -> usize {
-    args.pool_size.unwrap_or(args.workers).max(1)
+    args.database.pool_size.max(1)
 }
 
 fn serve_args(args: &BenchArgs) -> ServeArgs {

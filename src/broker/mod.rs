@@ -39,10 +39,6 @@ impl Broker {
         Self { pool, settings, signals }
     }
 
-    pub fn settings(&self) -> BrokerSettings {
-        self.settings
-    }
-
     async fn client(&self) -> Result<Object, BrokerError> {
         Ok(self.pool.get().await?)
     }
