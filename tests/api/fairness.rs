@@ -163,7 +163,7 @@ async fn two_users_share_claims_evenly_until_the_smaller_runs_out() {
 }
 
 #[tokio::test]
-async fn a_lone_user_gets_every_worker() {
+async fn a_batch_can_take_every_item_of_a_lone_user() {
     let app = spawn_app().await;
     app.submit_simple("alice", "svc", 20, true).await;
     let batch = app.claim_with("service=svc&querier=pod-0&max=20").await;
