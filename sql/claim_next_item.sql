@@ -1,7 +1,9 @@
 -- Hands out the next work item of service $1 to worker $3 of querier $2, leased for $4
--- milliseconds, by Harmony's fair order. Returns at most one row: none when there is no
--- claimable work, or when every user with claimable work is held by another transaction
--- (the broker then waits for one to be released, without holding a connection).
+-- milliseconds, by Harmony's fair order. No row: no user with claimable work is free (none
+-- has work, or every one is held by another transaction; the broker tells which and waits
+-- without holding a connection). One row with `stale`: the chosen user was served since this
+-- statement's snapshot was taken, so nothing was claimed and the broker looks again at once.
+-- Otherwise one row: the claimed item.
 --
 -- Steps 1-3: the first user in service_users_fair_order (least work in progress over all
 -- services, then least recently worked) whose users row is free. SKIP LOCKED sends a concurrent
@@ -10,7 +12,13 @@
 -- Step 5: the item is leased, and user_work, users and every service_users row of the user are
 -- brought up to date in this same statement, so the counters never drift.
 WITH chosen_user AS (
-    SELECT u.username
+    -- The order comes from the snapshot; the users row is the latest version once locked. Its
+    -- copies in service_users differ exactly when a claim or completion for this user
+    -- committed after the snapshot: then the user's place in the order is out of date, and
+    -- serving it now could give it two turns in a row.
+    SELECT u.username,
+           u.running_count IS DISTINCT FROM su.running_count
+               OR u.last_worked IS DISTINCT FROM su.last_worked AS stale
       FROM service_users su
       JOIN users u ON u.username = su.username
      WHERE su.service = $1
@@ -25,7 +33,7 @@ WITH chosen_user AS (
     SELECT uw.job_id, uw.step_index
       FROM user_work uw
      WHERE uw.service = $1
-       AND uw.username = (SELECT username FROM chosen_user)
+       AND uw.username = (SELECT username FROM chosen_user WHERE NOT stale)
        AND uw.ready_count > 0
        AND NOT uw.paused
      ORDER BY uw.is_async, uw.last_worked NULLS FIRST, uw.job_id, uw.step_index
@@ -83,12 +91,14 @@ WITH chosen_user AS (
      WHERE j.job_id = claimed.job_id
        AND j.status = 'accepted'
 )
-SELECT claimed.id,
+SELECT cu.stale,
+       cu.username,
+       claimed.id,
        claimed.job_id,
        claimed.step_index,
-       cu.username,
        claimed.payload,
        claimed.inputs,
        claimed.attempt,
        claimed.lease_expires_at
-  FROM claimed, chosen_user cu;
+  FROM chosen_user cu
+  LEFT JOIN claimed ON true;

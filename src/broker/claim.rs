@@ -1,6 +1,7 @@
 use std::pin::pin;
 use std::time::Duration;
 
+use deadpool_postgres::GenericClient;
 use tokio::time::Instant;
 use tokio_postgres::Row;
 
@@ -14,6 +15,10 @@ const RELEASE_POLL: Duration = Duration::from_millis(50);
 
 /// How long a claim keeps waiting for busy users before it reports no work.
 const CONTENDED_LIMIT: Duration = Duration::from_secs(5);
+
+/// How many times a claim looks again, at once, after choosing a user whose place in the order
+/// had changed since its snapshot, before it waits like a contended claim.
+const STALE_RETRIES: usize = 4;
 
 /// What one look for work found.
 enum Look {
@@ -57,14 +62,13 @@ impl Broker {
         let params: sql::Params = &[&service, &request.querier.as_str(), &request.worker, &lease];
         let items = if request.max == 1 {
             // The common case is one statement: let it commit on its own, without BEGIN/COMMIT.
-            let row = sql::query_opt(&client, CLAIM_NEXT_ITEM, params).await?;
-            row.map(|row| work_item(&row, service)).into_iter().collect::<Result<Vec<_>, _>>()?
+            claim_one(&client, params, service).await?.into_iter().collect()
         } else {
             let tx = client.transaction().await?;
             let mut items = Vec::with_capacity(request.max);
             while items.len() < request.max {
-                match sql::query_opt(&tx, CLAIM_NEXT_ITEM, params).await? {
-                    Some(row) => items.push(work_item(&row, service)?),
+                match claim_one(&tx, params, service).await? {
+                    Some(item) => items.push(item),
                     None => break,
                 }
             }
@@ -102,6 +106,26 @@ impl Broker {
             }
         }
     }
+}
+
+/// One claim statement, looked at again at once while the user it chose turns out stale.
+async fn claim_one(
+    client: &impl GenericClient,
+    params: sql::Params<'_>,
+    service: &str,
+) -> Result<Option<WorkItem>, BrokerError> {
+    for _ in 0..STALE_RETRIES {
+        let Some(row) = sql::query_opt(client, CLAIM_NEXT_ITEM, params).await? else {
+            return Ok(None);
+        };
+        let stale: bool = row.try_get("stale")?;
+        // Not stale and still no item: the user's last ready item went to a cancel or another
+        // claim in between; looking again is the answer too.
+        if !stale && row.try_get::<_, Option<i64>>("id")?.is_some() {
+            return Ok(Some(work_item(&row, service)?));
+        }
+    }
+    Ok(None)
 }
 
 fn work_item(row: &Row, service: &str) -> Result<WorkItem, BrokerError> {
