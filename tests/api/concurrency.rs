@@ -1,6 +1,7 @@
 //! Many concurrent workers, over HTTP, against two broker processes sharing one database.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
@@ -91,5 +92,56 @@ async fn a_lone_user_gets_every_concurrent_worker() {
         ids.insert(items[0]["id"].as_i64().expect("id"));
     }
     assert_eq!(ids.len(), WORKERS);
+    app.assert_consistent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_workers_share_evenly_between_users() {
+    const USERS: usize = 40;
+    const ITEMS: usize = 10;
+    const WORKERS: usize = 16;
+    let app = Arc::new(spawn_app().await);
+    for user in 0..USERS {
+        app.submit_simple(&format!("user-{user:02}"), "svc", ITEMS, true).await;
+    }
+    // Half the backlog, so that every user has work throughout.
+    let budget = Arc::new(std::sync::atomic::AtomicUsize::new(USERS * ITEMS / 2));
+    let handles: Vec<_> = (0..WORKERS)
+        .map(|worker| {
+            let (app, budget) = (app.clone(), budget.clone());
+            tokio::spawn(async move {
+                let take = || {
+                    budget.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                        left.checked_sub(1)
+                    })
+                };
+                while take().is_ok() {
+                    let query = format!("service=svc&querier=pod-{}&worker={worker}", worker % 4);
+                    let item = app.claim_with(&query).await.pop().expect("work for every user");
+                    app.succeed(&item, json!([])).await;
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.await.expect("worker");
+    }
+    let rows = app
+        .db
+        .query(
+            "SELECT j.username, count(*) FILTER (WHERE wi.status = 'successful')
+               FROM work_items wi JOIN jobs j ON j.job_id = wi.job_id
+              GROUP BY j.username",
+            &[],
+        )
+        .await
+        .expect("served per user");
+    let served: Vec<i64> = rows.iter().map(|row| row.get(1)).collect();
+    let (least, most) = (served.iter().min().copied(), served.iter().max().copied());
+    assert_eq!(served.iter().sum::<i64>(), (USERS * ITEMS / 2) as i64);
+    assert!(
+        matches!((least, most), (Some(least), Some(most)) if most - least <= 2),
+        "uneven shares between users: {served:?}"
+    );
     app.assert_consistent().await;
 }
