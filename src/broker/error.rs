@@ -42,9 +42,8 @@ impl BrokerError {
 
 impl From<tokio_postgres::Error> for BrokerError {
     fn from(error: tokio_postgres::Error) -> Self {
-        // Errors without a SQLSTATE come from the connection, not from a statement.
-        if error.is_closed() || error.code().is_none() {
-            Self::Unavailable(error.to_string())
+        if is_unavailable(&error) {
+            Self::Unavailable(describe(&error))
         } else {
             Self::Database(error)
         }
@@ -54,8 +53,31 @@ impl From<tokio_postgres::Error> for BrokerError {
 impl From<deadpool_postgres::PoolError> for BrokerError {
     fn from(error: deadpool_postgres::PoolError) -> Self {
         match error {
-            deadpool_postgres::PoolError::Backend(error) => error.into(),
+            // Whatever stopped a connection from being made or reused, the database is not
+            // there for this request.
+            deadpool_postgres::PoolError::Backend(error) => Self::Unavailable(describe(&error)),
             other => Self::Unavailable(other.to_string()),
+        }
+    }
+}
+
+/// Errors that say the database cannot serve right now, rather than that a statement was wrong:
+/// a closed or broken connection, a server shutting down or refusing connections.
+fn is_unavailable(error: &tokio_postgres::Error) -> bool {
+    if error.is_closed() {
+        return true;
+    }
+    match error.code() {
+        // No SQLSTATE: the error came from the connection, not from a statement.
+        None => {
+            std::error::Error::source(error).is_some_and(|source| source.is::<std::io::Error>())
+        }
+        Some(code) => {
+            let code = code.code();
+            // Class 08 connection exceptions; 57P01-57P03 shutdowns and "cannot connect now";
+            // 53300 too many connections; 55000 as sent for a database closed to connections.
+            code.starts_with("08")
+                || matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "55000")
         }
     }
 }

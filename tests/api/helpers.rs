@@ -64,6 +64,11 @@ fn with_dbname(url: &str, dbname: &str) -> tokio_postgres::Config {
     config
 }
 
+/// A connection to the server's own database, for what the tests do to whole databases.
+pub async fn server_connection() -> tokio_postgres::Client {
+    connect(&server_url().await.parse().expect("DATABASE_URL parses")).await
+}
+
 async fn connect(config: &tokio_postgres::Config) -> tokio_postgres::Client {
     let (client, connection) = config.connect(NoTls).await.expect("connect to PostgreSQL");
     tokio::spawn(connection);

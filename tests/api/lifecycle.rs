@@ -146,3 +146,41 @@ async fn items_cannot_be_added_to_a_finished_or_aggregated_job() {
     assert_eq!(app.fingerprint().await, before);
     app.assert_consistent().await;
 }
+
+#[tokio::test]
+async fn a_lost_database_gets_503_and_the_broker_recovers() {
+    let app = spawn_app().await;
+    let job = app.submit_simple("alice", "svc", 1, true).await;
+    let admin = crate::helpers::server_connection().await;
+    let dbname = app.config.get_dbname().expect("test database name").to_owned();
+    let set_connections =
+        |allowed: bool| format!("ALTER DATABASE \"{dbname}\" ALLOW_CONNECTIONS {allowed}");
+    admin.batch_execute(&set_connections(false)).await.expect("close the database");
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
+            &[&dbname],
+        )
+        .await
+        .expect("end the broker's connections");
+
+    for response in [
+        app.get("/readyz").await,
+        app.get(&format!("/jobs/{job}")).await,
+        app.post(
+            "/jobs",
+            &json!({ "user": "bob", "steps": [{ "service": "svc" }], "items": [{}] }),
+        )
+        .await,
+    ] {
+        assert_eq!(response.status(), 503, "{}", response.url());
+        let body: Value = response.json().await.expect("JSON");
+        assert_eq!(body["error"]["code"], "database_unavailable");
+    }
+    assert_eq!(app.get("/healthz").await.status(), 200, "the process itself is fine");
+
+    admin.batch_execute(&set_connections(true)).await.expect("reopen the database");
+    assert_eq!(app.get("/readyz").await.status(), 200, "the pool reconnects");
+    assert_eq!(app.job(job).await["status"], "accepted", "nothing was lost");
+    app.assert_consistent().await;
+}
