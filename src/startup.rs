@@ -60,6 +60,7 @@ impl Application {
                 .wrap(request_log())
                 .app_data(data.clone())
                 .configure(crate::http::configure(max_body_bytes))
+                .default_service(web::to(crate::http::no_such_route))
         })
         .listen(listener)
         .map_err(|source| StartupError::Bind { address: args.bind.to_string(), source })?

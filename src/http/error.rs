@@ -20,6 +20,9 @@ pub enum ApiError {
 
     #[error("request body is larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
+
+    #[error("no such endpoint: {path}")]
+    NoSuchRoute { path: String },
 }
 
 impl ApiError {
@@ -36,6 +39,7 @@ impl ApiError {
             Self::Broker(BrokerError::Unavailable(_)) => "database_unavailable",
             Self::Broker(BrokerError::Database(_)) => "internal_error",
             Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::NoSuchRoute { .. } => "not_found",
         }
     }
 }
@@ -51,6 +55,7 @@ impl ResponseError for ApiError {
             Self::Broker(BrokerError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Broker(BrokerError::Database(_)) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::NoSuchRoute { .. } => StatusCode::NOT_FOUND,
         }
     }
 

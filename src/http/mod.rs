@@ -9,6 +9,11 @@ use actix_web::web;
 
 use error::{json_error, path_error, query_error};
 
+/// The answer for a path no route matches: a JSON error like every other.
+pub async fn no_such_route(request: actix_web::HttpRequest) -> Result<(), error::ApiError> {
+    Err(error::ApiError::NoSuchRoute { path: request.path().to_owned() })
+}
+
 /// Registers every route and the extractors' error handling.
 pub fn configure(max_body_bytes: usize) -> impl FnOnce(&mut web::ServiceConfig) {
     move |config| {

@@ -14,9 +14,8 @@ pub fn routes(config: &mut web::ServiceConfig) {
         .route("/jobs", web::post().to(submit_job))
         .route("/jobs/{job_id}", web::get().to(get_job))
         .route("/jobs/{job_id}/items", web::post().to(append_items))
-        .route("/jobs/{job_id}/pause", web::post().to(pause_job))
-        .route("/jobs/{job_id}/resume", web::post().to(resume_job))
-        .route("/jobs/{job_id}/cancel", web::post().to(cancel_job));
+        // After /items: routes match in the order they are registered.
+        .route("/jobs/{job_id}/{action}", web::post().to(steer_job));
 }
 
 #[derive(Deserialize)]
@@ -99,26 +98,25 @@ async fn get_job(
     Ok(HttpResponse::Ok().json(job))
 }
 
-async fn pause_job(
-    broker: web::Data<Broker>,
-    path: web::Path<Uuid>,
-) -> Result<HttpResponse, ApiError> {
-    let job = broker.pause_job(JobId(path.into_inner())).await?;
-    Ok(HttpResponse::Ok().json(job))
+/// What a producer can do to a whole job.
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum JobAction {
+    Pause,
+    Resume,
+    Cancel,
 }
 
-async fn resume_job(
+async fn steer_job(
     broker: web::Data<Broker>,
-    path: web::Path<Uuid>,
+    path: web::Path<(Uuid, JobAction)>,
 ) -> Result<HttpResponse, ApiError> {
-    let job = broker.resume_job(JobId(path.into_inner())).await?;
-    Ok(HttpResponse::Ok().json(job))
-}
-
-async fn cancel_job(
-    broker: web::Data<Broker>,
-    path: web::Path<Uuid>,
-) -> Result<HttpResponse, ApiError> {
-    let job = broker.cancel_job(JobId(path.into_inner())).await?;
+    let (job_id, action) = path.into_inner();
+    let job_id = JobId(job_id);
+    let job = match action {
+        JobAction::Pause => broker.pause_job(job_id).await?,
+        JobAction::Resume => broker.resume_job(job_id).await?,
+        JobAction::Cancel => broker.cancel_job(job_id).await?,
+    };
     Ok(HttpResponse::Ok().json(job))
 }

@@ -147,6 +147,10 @@ async fn unknown_and_malformed_job_ids_are_refused() {
         let response = app.post(&format!("/jobs/not-a-uuid/{action}"), &json!({})).await;
         assert_refused(&app, response, 400, "invalid_path", &before).await;
     }
+    let response = app.post(&format!("/jobs/{unknown}/explode"), &json!({})).await;
+    assert_refused(&app, response, 400, "invalid_path", &before).await;
+    let response = app.get("/no/such/endpoint").await;
+    assert_refused(&app, response, 404, "not_found", &before).await;
     let response = app.get("/admin/user-work?limit=0").await;
     assert_refused(&app, response, 400, "invalid_query", &before).await;
     app.assert_consistent().await;
