@@ -4,6 +4,7 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::endpoint;
 use super::error::ApiError;
 use crate::broker::Broker;
 
@@ -12,11 +13,11 @@ const MAX_ROWS: i64 = 10_000;
 
 pub fn routes(config: &mut web::ServiceConfig) {
     config
-        .route("/admin/user-work", web::get().to(user_work))
-        .route("/admin/consistency", web::get().to(consistency))
-        .route("/admin/waiting-workers", web::get().to(waiting_workers))
-        .route("/healthz", web::get().to(healthz))
-        .route("/readyz", web::get().to(readyz));
+        .service(endpoint("/admin/user-work").route(web::get().to(user_work)))
+        .service(endpoint("/admin/consistency").route(web::get().to(consistency)))
+        .service(endpoint("/admin/waiting-workers").route(web::get().to(waiting_workers)))
+        .service(endpoint("/healthz").route(web::get().to(healthz)))
+        .service(endpoint("/readyz").route(web::get().to(readyz)));
 }
 
 #[derive(Deserialize)]

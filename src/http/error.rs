@@ -23,6 +23,9 @@ pub enum ApiError {
 
     #[error("no such endpoint: {path}")]
     NoSuchRoute { path: String },
+
+    #[error("{path} does not take {method}")]
+    WrongMethod { method: String, path: String },
 }
 
 impl ApiError {
@@ -40,6 +43,7 @@ impl ApiError {
             Self::Broker(BrokerError::Database(_)) => "internal_error",
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::NoSuchRoute { .. } => "not_found",
+            Self::WrongMethod { .. } => "method_not_allowed",
         }
     }
 }
@@ -56,6 +60,7 @@ impl ResponseError for ApiError {
             Self::Broker(BrokerError::Database(_)) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::NoSuchRoute { .. } => StatusCode::NOT_FOUND,
+            Self::WrongMethod { .. } => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
 

@@ -14,6 +14,17 @@ pub async fn no_such_route(request: actix_web::HttpRequest) -> Result<(), error:
     Err(error::ApiError::NoSuchRoute { path: request.path().to_owned() })
 }
 
+/// The answer for a known path asked with the wrong method.
+async fn wrong_method(request: actix_web::HttpRequest) -> Result<(), error::ApiError> {
+    let (method, path) = (request.method().to_string(), request.path().to_owned());
+    Err(error::ApiError::WrongMethod { method, path })
+}
+
+/// A path of the API, answering a JSON 405 to methods it has no route for.
+fn endpoint(path: &str) -> actix_web::Resource {
+    web::resource(path).default_service(web::to(wrong_method))
+}
+
 /// Registers every route and the extractors' error handling.
 pub fn configure(max_body_bytes: usize) -> impl FnOnce(&mut web::ServiceConfig) {
     move |config| {

@@ -5,17 +5,18 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use super::endpoint;
 use super::error::ApiError;
 use crate::broker::model::{JobId, NewJob, ServiceName, StepSpec, UserName};
 use crate::broker::Broker;
 
 pub fn routes(config: &mut web::ServiceConfig) {
     config
-        .route("/jobs", web::post().to(submit_job))
-        .route("/jobs/{job_id}", web::get().to(get_job))
-        .route("/jobs/{job_id}/items", web::post().to(append_items))
+        .service(endpoint("/jobs").route(web::post().to(submit_job)))
+        .service(endpoint("/jobs/{job_id}").route(web::get().to(get_job)))
+        .service(endpoint("/jobs/{job_id}/items").route(web::post().to(append_items)))
         // After /items: routes match in the order they are registered.
-        .route("/jobs/{job_id}/{action}", web::post().to(steer_job));
+        .service(endpoint("/jobs/{job_id}/{action}").route(web::post().to(steer_job)));
 }
 
 #[derive(Deserialize)]

@@ -6,6 +6,7 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::endpoint;
 use super::error::ApiError;
 use crate::broker::model::{ClaimRequest, QuerierName, ServiceName, StatusUpdate, WorkItemId};
 use crate::broker::Broker;
@@ -16,8 +17,8 @@ const MAX_BATCH: u32 = 100;
 
 pub fn routes(config: &mut web::ServiceConfig) {
     config
-        .route("/work", web::get().to(get_work))
-        .route("/work/{id}/status", web::post().to(post_status));
+        .service(endpoint("/work").route(web::get().to(get_work)))
+        .service(endpoint("/work/{id}/status").route(web::post().to(post_status)));
 }
 
 #[derive(Deserialize)]

@@ -151,6 +151,10 @@ async fn unknown_and_malformed_job_ids_are_refused() {
     assert_refused(&app, response, 400, "invalid_path", &before).await;
     let response = app.get("/no/such/endpoint").await;
     assert_refused(&app, response, 404, "not_found", &before).await;
+    let response = app.get(&format!("/jobs/{unknown}/cancel")).await;
+    assert_refused(&app, response, 405, "method_not_allowed", &before).await;
+    let response = app.post("/admin/consistency", &json!({})).await;
+    assert_refused(&app, response, 405, "method_not_allowed", &before).await;
     let response = app.get("/admin/user-work?limit=0").await;
     assert_refused(&app, response, 400, "invalid_query", &before).await;
     app.assert_consistent().await;
