@@ -3,7 +3,7 @@ use serde_json::Value;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use super::model::{progress, JobDocument, JobId, JobStatus, NewJob, StepDocument};
+use super::model::{progress, reject_nul, JobDocument, JobId, JobStatus, NewJob, StepDocument};
 use super::sql::{
     self, APPLY_STEP_DELTAS, CANCEL_JOB_ITEMS, CREATE_SERVICE_USERS, CREATE_USER, GET_JOB,
     GET_JOB_STEPS, INSERT_FIRST_STEP_ITEMS, INSERT_JOB, INSERT_JOB_STEPS, LOCK_JOB_OWNER,
@@ -95,6 +95,7 @@ impl Broker {
         if payloads.is_empty() {
             return Err(BrokerError::invalid("invalid_items", "add at least one item"));
         }
+        payloads.iter().try_for_each(|payload| reject_nul(payload, "a payload"))?;
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let job = lock_unfinished_job(&tx, job_id, "add items to").await?;

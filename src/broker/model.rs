@@ -93,6 +93,37 @@ impl QuerierName {
     }
 }
 
+/// PostgreSQL's text and jsonb cannot hold a NUL character anywhere: refuse it in anything a
+/// client sends for storage, rather than let the database refuse it as an internal error.
+pub fn reject_nul(value: &Value, what: &str) -> Result<(), BrokerError> {
+    let has_nul = |text: &str| text.contains('\0');
+    let found = match value {
+        Value::String(text) => has_nul(text),
+        Value::Array(values) => return values.iter().try_for_each(|value| reject_nul(value, what)),
+        Value::Object(fields) => {
+            for (key, value) in fields {
+                if has_nul(key) {
+                    return Err(nul_error(what));
+                }
+                reject_nul(value, what)?;
+            }
+            false
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) => false,
+    };
+    if found {
+        return Err(nul_error(what));
+    }
+    Ok(())
+}
+
+fn nul_error(what: &str) -> BrokerError {
+    BrokerError::invalid(
+        "invalid_text",
+        format!("{what} must not contain NUL characters (\\u0000)"),
+    )
+}
+
 /// One step of a job's workflow.
 #[derive(Debug, Clone)]
 pub struct StepSpec {
@@ -130,6 +161,7 @@ impl NewJob {
         if payloads.is_empty() {
             return Err(BrokerError::invalid("invalid_items", "a job needs at least one item"));
         }
+        payloads.iter().try_for_each(|payload| reject_nul(payload, "a payload"))?;
         Ok(Self { user, is_async, steps, payloads })
     }
 }

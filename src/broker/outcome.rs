@@ -2,7 +2,7 @@ use deadpool_postgres::GenericClient;
 use serde_json::Value;
 
 use super::jobs::{apply_step_deltas, StepDeltas};
-use super::model::{ItemStatus, JobId, StatusUpdate, WorkItemId};
+use super::model::{reject_nul, ItemStatus, JobId, StatusUpdate, WorkItemId};
 use super::sql::{
     self, DESCRIBE_ITEM, EXTEND_LEASE, FIND_EXPIRED_LEASES, FINISH_ITEM, INSERT_AGGREGATE_ITEM,
     INSERT_NEXT_STEP_ITEMS, REFRESH_JOB_STATUS,
@@ -37,6 +37,15 @@ impl Broker {
         attempt: i32,
         update: StatusUpdate,
     ) -> Result<ItemStatus, BrokerError> {
+        match &update {
+            StatusUpdate::Successful { results } => {
+                results.iter().try_for_each(|result| reject_nul(result, "a result"))?;
+            }
+            StatusUpdate::Failed { error: Some(error), .. } => {
+                reject_nul(&Value::String(error.clone()), "an error")?;
+            }
+            _ => {}
+        }
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let ending = match update {

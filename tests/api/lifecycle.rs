@@ -131,6 +131,12 @@ async fn items_cannot_be_added_to_a_finished_or_aggregated_job() {
         ),
         (format!("/jobs/{finished}/items"), json!({ "items": [] }), 400, "invalid_items"),
         (
+            format!("/jobs/{aggregated}/items"),
+            json!({ "items": [{ "payload": "\u{0}" }] }),
+            400,
+            "invalid_text",
+        ),
+        (
             format!("/jobs/{finished}/items"),
             json!({ "items": [{ "bogus": 1 }] }),
             400,

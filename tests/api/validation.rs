@@ -56,6 +56,8 @@ async fn bad_job_submissions_are_refused() {
         (job(json!({ "items": [] })), "invalid_items"),
         (job(json!({ "items": [{ "payload": 1, "component": "x" }] })), "invalid_body"),
         (job(json!({ "items": null })), "invalid_body"),
+        (job(json!({ "items": [{ "payload": { "a": "x\u{0}y" } }] })), "invalid_text"),
+        (job(json!({ "items": [{ "payload": { "k\u{0}": 1 } }] })), "invalid_text"),
         (json!([1, 2]), "invalid_body"),
     ];
     for (body, code) in cases {
@@ -113,6 +115,8 @@ async fn bad_status_updates_are_refused() {
         (json!({ "status": "failed", "attempt": 1, "results": [] }), "invalid_body"),
         (json!({ "status": "running", "attempt": 1, "retryable": false }), "invalid_body"),
         (json!({ "status": "successful", "attempt": 1, "bogus": 1 }), "invalid_body"),
+        (json!({ "status": "successful", "attempt": 1, "results": [["a\u{0}"]] }), "invalid_text"),
+        (json!({ "status": "failed", "attempt": 1, "error": "bad\u{0}" }), "invalid_text"),
     ];
     for (body, code) in cases {
         let response = app.post(&path, &body).await;
