@@ -55,7 +55,8 @@ CREATE INDEX user_work_claimable
     ON user_work (service, username, is_async, last_worked NULLS FIRST, job_id, step_index)
     WHERE ready_count > 0 AND NOT paused;
 
-CREATE INDEX user_work_by_user ON user_work (username, service);
+-- Operators list user_work by user (and service) in this order; LIMIT stops the scan early.
+CREATE INDEX user_work_by_user ON user_work (username, service, job_id, step_index);
 
 -- The three small tables above and below are rewritten on every claim and completion; the low
 -- fillfactor leaves room on each page for HOT updates, which skip index maintenance.

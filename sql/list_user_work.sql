@@ -4,5 +4,5 @@ SELECT username, job_id, step_index, service, is_async, paused,
   FROM user_work
  WHERE ($1::text IS NULL OR service = $1)
    AND ($2::text IS NULL OR username = $2)
- ORDER BY username, job_id, step_index
+ ORDER BY username, service, job_id, step_index
  LIMIT $3;
