@@ -1,7 +1,7 @@
--- Cancels every ready or running item of job $1. Returns, per step, how many ready and running
--- items were canceled, for the counters.
+-- Cancels every ready or running item of job $1. Returns, per step and component, how many
+-- ready and running items were canceled, for the counters.
 WITH doomed AS (
-    SELECT id, step_index, status
+    SELECT id, step_index, component, status
       FROM work_items
      WHERE job_id = $1
        -- Spelled as OR so that each arm can use its own partial index.
@@ -14,8 +14,9 @@ WITH doomed AS (
      WHERE wi.id = doomed.id
 )
 SELECT step_index,
+       component,
        (count(*) FILTER (WHERE status = 'ready'))::integer AS ready,
        (count(*) FILTER (WHERE status = 'running'))::integer AS running
   FROM doomed
- GROUP BY step_index
- ORDER BY step_index;
+ GROUP BY step_index, component
+ ORDER BY step_index, component;

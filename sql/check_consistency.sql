@@ -3,16 +3,18 @@
 WITH item_counts AS (
     SELECT job_id,
            step_index,
+           component,
            count(*) FILTER (WHERE status = 'ready') AS ready,
            count(*) FILTER (WHERE status = 'running') AS running,
            count(*) FILTER (WHERE status = 'successful') AS successful,
            count(*) FILTER (WHERE status = 'failed') AS failed,
            count(*) FILTER (WHERE status = 'canceled') AS canceled
       FROM work_items
-     GROUP BY job_id, step_index
+     GROUP BY job_id, step_index, component
 ), step_counts AS (
     SELECT uw.job_id,
            uw.step_index,
+           uw.component,
            jsonb_build_object(
                'ready_count', uw.ready_count, 'running_count', uw.running_count,
                'successful_count', uw.successful_count, 'failed_count', uw.failed_count,
@@ -25,7 +27,8 @@ WITH item_counts AS (
            ) AS actual
       FROM user_work uw
       JOIN jobs j ON j.job_id = uw.job_id
-      LEFT JOIN item_counts ic ON ic.job_id = uw.job_id AND ic.step_index = uw.step_index
+      LEFT JOIN item_counts ic
+             ON (ic.job_id, ic.step_index, ic.component) = (uw.job_id, uw.step_index, uw.component)
 ), user_totals AS (
     SELECT username, sum(running_count) AS running, max(last_worked) AS last_worked
       FROM user_work
@@ -37,11 +40,14 @@ WITH item_counts AS (
       FROM users u
       LEFT JOIN user_totals t ON t.username = u.username
 ), claimable AS (
-    SELECT username, service, coalesce(sum(ready_count) FILTER (WHERE NOT paused), 0) AS ready
+    SELECT username, service, component, tenant,
+           coalesce(sum(ready_count) FILTER (WHERE NOT paused), 0) AS ready
       FROM user_work
-     GROUP BY username, service
+     GROUP BY username, service, component, tenant
 ), queue_counts AS (
     SELECT service,
+           component,
+           tenant,
            username,
            jsonb_build_object(
                'ready_count', su.ready_count, 'running_count', su.running_count,
@@ -52,11 +58,22 @@ WITH item_counts AS (
                'last_worked', u.last_worked
            ) AS actual
       FROM service_users su
-      FULL JOIN claimable c USING (service, username)
+      FULL JOIN claimable c USING (service, component, tenant, username)
       LEFT JOIN users u USING (username)
+), unlisted_tenants AS (
+    -- Claims find a tenant's work only through an active tenant_queues row.
+    SELECT DISTINCT c.service, c.component, c.tenant
+      FROM claimable c
+     WHERE c.ready > 0
+       AND NOT EXISTS (
+               SELECT 1
+                 FROM tenant_queues tq
+                WHERE (tq.service, tq.component, tq.tenant) = (c.service, c.component, c.tenant)
+                  AND tq.active
+           )
 )
 SELECT 'user_work' AS table_name,
-       jsonb_build_object('job_id', job_id, 'step', step_index) AS row_key,
+       jsonb_build_object('job_id', job_id, 'step', step_index, 'component', component) AS row_key,
        recorded,
        actual
   FROM step_counts
@@ -66,6 +83,16 @@ SELECT 'users', jsonb_build_object('user', username), recorded, actual
   FROM user_counts
  WHERE recorded <> actual
 UNION ALL
-SELECT 'service_users', jsonb_build_object('service', service, 'user', username), recorded, actual
+SELECT 'service_users',
+       jsonb_build_object('service', service, 'component', component, 'tenant', tenant,
+                          'user', username),
+       recorded,
+       actual
   FROM queue_counts
- WHERE recorded <> actual;
+ WHERE recorded <> actual
+UNION ALL
+SELECT 'tenant_queues',
+       jsonb_build_object('service', service, 'component', component, 'tenant', tenant),
+       jsonb_build_object('active', false),
+       jsonb_build_object('active', true)
+  FROM unlisted_tenants;

@@ -1,38 +1,103 @@
--- Hands out the next work item of service $1 to worker $3 of querier $2, leased for $4
--- milliseconds, by Harmony's fair order. No row: no user with claimable work is free (none
--- has work, or every one is held by another transaction; the broker tells which and waits
--- without holding a connection). One row with `stale`: the chosen user was served since this
--- statement's snapshot was taken, so nothing was claimed and the broker looks again at once.
--- Otherwise one row: the claimed item.
+-- Hands out the next work item of service $1 to worker slot $3 of querier $2, leased for $4
+-- milliseconds. No row: nothing claimable for this querier is free (none exists, or every user
+-- with it is held by another transaction; the broker tells which and waits without holding a
+-- connection). One row with `stale`: the chosen user was served since this statement's
+-- snapshot was taken, so nothing was claimed and the broker looks again at once. Otherwise one
+-- row: the claimed item.
 --
--- Steps 1-3: the first user in service_users_fair_order (least work in progress over all
--- services, then least recently worked) whose users row is free. SKIP LOCKED sends a concurrent
--- claimer on to the next-best user instead of queueing behind the first.
--- Step 4: that user's best job step for the service, then the step's lowest ready item.
--- Step 5: the item is leased, and user_work, users and every service_users row of the user are
--- brought up to date in this same statement, so the counters never drift.
-WITH chosen_user AS (
+-- 1. Component: the components with claimable work for the service, in name order, are visited
+--    starting at the worker's slot modulo their number, wrapping, until one yields a user.
+-- 2. Tenant, within the component: active tenant_queues rows in order of work in progress, then
+--    least recently worked, keeping tenants sharded to other queriers out.
+-- 3. User, within the tenant: the first user in service_users_fair_order (least work in
+--    progress over all services, then least recently worked) whose users row is free. SKIP
+--    LOCKED sends a concurrent claimer on to the next user, tenant or component instead of
+--    queueing behind the first.
+-- 4. That user's best job step (synchronous first, then least recently worked), then the step's
+--    lowest ready item of the component.
+-- 5. The item is leased, and user_work, users and every service_users row of the user are
+--    brought up to date in this same statement, so the counters never drift; the tenant's
+--    scheduling hint too, unless another claim holds it.
+--
+-- Each level is a LIMIT 1 over rows read in index order (LATERAL for the nesting), so the
+-- executor stops at the first hit: a claim costs a few index probes, however many tenants,
+-- users and items wait.
+WITH RECURSIVE components AS (
+    -- A skip scan: one probe per component, not one row per waiting user.
+    (SELECT su.component
+       FROM service_users su
+      WHERE su.service = $1
+        AND su.ready_count > 0
+      ORDER BY su.component
+      LIMIT 1)
+    UNION ALL
+    SELECT (SELECT su.component
+              FROM service_users su
+             WHERE su.service = $1
+               AND su.ready_count > 0
+               AND su.component > c.component
+             ORDER BY su.component
+             LIMIT 1)
+      FROM components c
+     WHERE c.component IS NOT NULL
+), component_names AS (
+    SELECT array_agg(component ORDER BY component) AS names
+      FROM components
+     WHERE component IS NOT NULL
+), visits AS (
+    SELECT cn.names[1 + ($3::integer + turn) % cardinality(cn.names)] AS component
+      FROM component_names cn,
+           generate_series(0, cardinality(cn.names) - 1) AS turn
+), chosen_user AS (
     -- The order comes from the snapshot; the users row is the latest version once locked. Its
     -- copies in service_users differ exactly when a claim or completion for this user
     -- committed after the snapshot: then the user's place in the order is out of date, and
     -- serving it now could give it two turns in a row.
-    SELECT u.username,
-           u.running_count IS DISTINCT FROM su.running_count
-               OR u.last_worked IS DISTINCT FROM su.last_worked AS stale
-      FROM service_users su
-      JOIN users u ON u.username = su.username
-     WHERE su.service = $1
-       AND su.ready_count > 0
-     ORDER BY su.running_count, su.last_worked NULLS FIRST, su.username
+    SELECT pick.username, pick.tenant, v.component, pick.stale
+      FROM visits v
+     CROSS JOIN LATERAL (
+           SELECT best.username, tq.tenant, best.stale
+             FROM tenant_queues tq
+             JOIN tenants t ON t.tenant = tq.tenant
+            CROSS JOIN LATERAL (
+                  SELECT u.username,
+                         u.running_count IS DISTINCT FROM su.running_count
+                             OR u.last_worked IS DISTINCT FROM su.last_worked AS stale
+                    FROM service_users su
+                    JOIN users u ON u.username = su.username
+                   WHERE su.service = $1
+                     AND su.component = tq.component
+                     AND su.tenant = tq.tenant
+                     AND su.ready_count > 0
+                   ORDER BY su.running_count, su.last_worked NULLS FIRST, su.username
+                   LIMIT 1
+                     FOR NO KEY UPDATE OF u SKIP LOCKED
+                  ) best
+            WHERE tq.service = $1
+              AND tq.component = v.component
+              AND tq.active
+              AND (NOT t.sharded
+                   -- A scalar subquery, not EXISTS: the planner keeps it a primary-key
+                   -- probe per tenant instead of hashing every shard row of the querier.
+                   OR (SELECT true
+                         FROM tenant_shards ts
+                        WHERE ts.tenant = tq.tenant
+                          AND ts.querier = $2))
+            ORDER BY tq.running_count, tq.last_worked NULLS FIRST, tq.tenant
+            LIMIT 1
+           ) pick
+     -- No ORDER BY: visits come out of generate_series in turn order, and the first hit ends
+     -- the scan. Sorting would evaluate (and lock a user in) every component first.
      LIMIT 1
-       FOR NO KEY UPDATE OF u SKIP LOCKED
 ), chosen_step AS (
     -- Compared with scalar subqueries rather than joined, so that the index's leading columns
     -- are bound and it yields rows already in order: no sort of the user's jobs or the job's
     -- items, however many there are.
-    SELECT uw.job_id, uw.step_index
+    SELECT uw.job_id, uw.step_index, uw.component, uw.tenant, uw.actor
       FROM user_work uw
      WHERE uw.service = $1
+       AND uw.component = (SELECT component FROM chosen_user WHERE NOT stale)
+       AND uw.tenant = (SELECT tenant FROM chosen_user WHERE NOT stale)
        AND uw.username = (SELECT username FROM chosen_user WHERE NOT stale)
        AND uw.ready_count > 0
        AND NOT uw.paused
@@ -43,6 +108,7 @@ WITH chosen_user AS (
       FROM work_items wi
      WHERE wi.job_id = (SELECT job_id FROM chosen_step)
        AND wi.step_index = (SELECT step_index FROM chosen_step)
+       AND wi.component = (SELECT component FROM chosen_step)
        AND wi.status = 'ready'
      ORDER BY wi.id
      LIMIT 1
@@ -57,7 +123,8 @@ WITH chosen_user AS (
            updated_at = now()
       FROM chosen_item ci
      WHERE wi.id = ci.id
- RETURNING wi.id, wi.job_id, wi.step_index, wi.payload, wi.inputs, wi.attempt, wi.lease_expires_at
+ RETURNING wi.id, wi.job_id, wi.step_index, wi.component, wi.payload, wi.inputs, wi.attempt,
+           wi.lease_expires_at
 ), worked_at AS MATERIALIZED (
     -- One instant for every row this claim touches, so users.last_worked equals the newest
     -- user_work.last_worked (the consistency check relies on it).
@@ -70,6 +137,7 @@ WITH chosen_user AS (
       FROM claimed, worked_at
      WHERE uw.job_id = claimed.job_id
        AND uw.step_index = claimed.step_index
+       AND uw.component = claimed.component
 ), user_counts AS (
     UPDATE users u
        SET running_count = u.running_count + 1,
@@ -81,9 +149,27 @@ WITH chosen_user AS (
     UPDATE service_users su
        SET running_count = uc.running_count,
            last_worked = uc.last_worked,
-           ready_count = su.ready_count - CASE WHEN su.service = $1 THEN 1 ELSE 0 END
-      FROM user_counts uc
+           ready_count = su.ready_count
+               - CASE WHEN (su.service, su.component, su.tenant) = ($1, cu.component, cu.tenant)
+                      THEN 1 ELSE 0 END
+      FROM user_counts uc, chosen_user cu
      WHERE su.username = uc.username
+ RETURNING su.username
+), tenant_turn AS (
+    -- After queue_counts (it reads its output), keeping the lock order.
+    UPDATE tenant_queues tq
+       SET running_count = tq.running_count + 1,
+           last_worked = worked_at.at
+      FROM chosen_user cu, worked_at
+     WHERE tq.service = $1
+       AND tq.component = cu.component
+       AND tq.tenant = cu.tenant
+       AND (SELECT true
+              FROM tenant_queues hint
+             WHERE (hint.service, hint.component, hint.tenant)
+                   = (tq.service, tq.component, tq.tenant)
+               AND EXISTS (SELECT 1 FROM queue_counts)
+               FOR NO KEY UPDATE SKIP LOCKED)
 ), job_started AS (
     UPDATE jobs j
        SET status = 'running', updated_at = now()
@@ -96,9 +182,13 @@ SELECT cu.stale,
        claimed.id,
        claimed.job_id,
        claimed.step_index,
+       claimed.component,
        claimed.payload,
        claimed.inputs,
        claimed.attempt,
-       claimed.lease_expires_at
+       claimed.lease_expires_at,
+       cs.tenant,
+       cs.actor
   FROM chosen_user cu
-  LEFT JOIN claimed ON true;
+  LEFT JOIN claimed ON true
+  LEFT JOIN chosen_step cs ON claimed.id IS NOT NULL;

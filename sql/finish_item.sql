@@ -1,6 +1,7 @@
 -- Records the outcome $3 ('successful', 'failed' or 'ready' for a retry) of the current attempt
--- $2 of running item $1. With $6 the update applies only when the lease has expired (the
--- reaper's case). No row: no such item, a stale attempt, or an item that is not running.
+-- $2 of running item $1, with results $4, error $5, and $7 the component its results go on to
+-- (NULL: its own). With $6 the update applies only when the lease has expired (the reaper's
+-- case). No row: no such item, a stale attempt, or an item that is not running.
 --
 -- The owner's users row is locked first (the lock order), in the same statement: the item's
 -- conditions are rechecked against its latest version after any wait, so a stale snapshot
@@ -21,6 +22,7 @@ UPDATE work_items wi
    SET status = $3::text::work_item_status,
        results = $4,
        error = $5,
+       next_component = $7,
        lease_expires_at = NULL,
        updated_at = now()
  WHERE wi.id = $1
@@ -30,11 +32,16 @@ UPDATE work_items wi
    AND EXISTS (SELECT 1 FROM owner)
 RETURNING wi.job_id,
           wi.step_index,
+          wi.component,
+          coalesce((SELECT q.state = 'shutting_down'
+                      FROM queriers q
+                     WHERE q.querier = wi.querier), false) AS querier_leaving,
+          coalesce(wi.next_component, wi.component) AS results_component,
           (SELECT next.aggregate
-             FROM user_work next
+             FROM job_steps next
             WHERE next.job_id = wi.job_id
               AND next.step_index = wi.step_index + 1) AS next_step_aggregates,
           EXISTS (SELECT 1
-                    FROM user_work agg
+                    FROM job_steps agg
                    WHERE agg.job_id = wi.job_id
                      AND agg.aggregate) AS job_aggregates;

@@ -1,2 +1,2 @@
--- $1 job id, $2 user, $3 is_async.
-INSERT INTO jobs (job_id, username, is_async) VALUES ($1, $2, $3);
+-- $1 job id, $2 user, $3 is_async, $4 tenant, $5 actor path.
+INSERT INTO jobs (job_id, username, is_async, tenant, actor) VALUES ($1, $2, $3, $4, $5);

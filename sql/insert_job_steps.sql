@@ -1,4 +1,4 @@
--- One user_work row per step of job $1 of user $2: services $4 and aggregate flags $5, in order.
-INSERT INTO user_work (job_id, step_index, username, service, is_async, aggregate)
-SELECT $1, (s.ordinality - 1)::integer, $2, s.service, $3, s.aggregate
-  FROM unnest($4::text[], $5::boolean[]) WITH ORDINALITY AS s(service, aggregate, ordinality);
+-- The steps of job $1: services $2 and aggregate flags $3, in order.
+INSERT INTO job_steps (job_id, step_index, service, aggregate)
+SELECT $1, (s.ordinality - 1)::integer, s.service, s.aggregate
+  FROM unnest($2::text[], $3::boolean[]) WITH ORDINALITY AS s(service, aggregate, ordinality);

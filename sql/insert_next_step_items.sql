@@ -1,8 +1,10 @@
 -- Fan-out: one ready item of step $2 + 1 per result of work item $1, carrying that result as
--- its only input and its parent's payload. Returns how many were created.
+-- its only input, its parent's payload, and the component its parent's results go on to.
+-- Returns how many were created.
 WITH created AS (
-    INSERT INTO work_items (job_id, step_index, payload, inputs)
-    SELECT wi.job_id, wi.step_index + 1, wi.payload, jsonb_build_array(r.result)
+    INSERT INTO work_items (job_id, step_index, payload, inputs, component)
+    SELECT wi.job_id, wi.step_index + 1, wi.payload, jsonb_build_array(r.result),
+           coalesce(wi.next_component, wi.component)
       FROM work_items wi
      CROSS JOIN LATERAL jsonb_array_elements(wi.results) WITH ORDINALITY AS r(result, ordinality)
      WHERE wi.id = $1

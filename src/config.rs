@@ -46,6 +46,11 @@ pub struct ServeArgs {
     #[arg(long, env = "FAIRWAY_REAP_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub reap_interval: Duration,
 
+    /// How long a querier that makes no work request and holds no lease stays a member of
+    /// tenant shards before it is forgotten.
+    #[arg(long, env = "FAIRWAY_QUERIER_FORGET_DELAY", default_value = "1m", value_parser = humantime::parse_duration)]
+    pub querier_forget_delay: Duration,
+
     /// Largest request body accepted, in bytes; larger bodies get 413.
     #[arg(long, env = "FAIRWAY_MAX_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_body_bytes: usize,

@@ -40,11 +40,15 @@ impl Application {
         db::migrations::run(&pool).await?;
 
         let signals = WorkSignals::default();
-        let settings = BrokerSettings { lease: args.lease, max_retries: args.max_retries };
+        let settings = BrokerSettings {
+            lease: args.lease,
+            max_retries: args.max_retries,
+            querier_forget_delay: args.querier_forget_delay,
+        };
         let broker = Broker::new(pool, settings, signals.clone());
         let background = vec![
             tokio::spawn(db::listener::listen_for_work(config, signals)),
-            tokio::spawn(reap_expired_leases(broker.clone(), args.reap_interval)),
+            tokio::spawn(reap(broker.clone(), args.reap_interval)),
         ];
 
         let listener = TcpListener::bind(args.bind)
@@ -95,8 +99,9 @@ fn request_log() -> actix_web::middleware::Logger {
     actix_web::middleware::Logger::new("%r %s %Dms")
 }
 
-/// Expires leases on a fixed cadence. Several brokers may run this at once.
-async fn reap_expired_leases(broker: Broker, interval: std::time::Duration) {
+/// On a fixed cadence: expires leases, retires and forgets queriers, and tidies the tenant
+/// level of the fair order. Several brokers may run this at once.
+async fn reap(broker: Broker, interval: std::time::Duration) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -105,6 +110,12 @@ async fn reap_expired_leases(broker: Broker, interval: std::time::Duration) {
             Ok(0) => {}
             Ok(reaped) => tracing::info!(reaped, "expired leases returned to the queue"),
             Err(error) => tracing::warn!(%error, "lease reaper pass failed"),
+        }
+        if let Err(error) = broker.retire_queriers().await {
+            tracing::warn!(%error, "querier membership pass failed");
+        }
+        if let Err(error) = broker.tidy_tenant_queues().await {
+            tracing::warn!(%error, "tenant queue pass failed");
         }
     }
 }

@@ -1,18 +1,23 @@
 -- Brings every counter in line with freshly seeded or reset work items: the broker's own
--- (user_work, users, service_users) and Harmony's, all idle and never worked.
+-- (user_work, users, service_users, tenant_queues) and Harmony's, all idle and never worked.
 UPDATE jobs SET status = 'accepted';
 UPDATE user_work uw
    SET ready_count = c.ready, running_count = 0, successful_count = 0, failed_count = 0,
        canceled_count = 0, last_worked = NULL
-  FROM (SELECT job_id, step_index, count(*)::integer AS ready
-          FROM work_items GROUP BY job_id, step_index) c
- WHERE c.job_id = uw.job_id AND c.step_index = uw.step_index;
+  FROM (SELECT job_id, step_index, component, count(*)::integer AS ready
+          FROM work_items GROUP BY job_id, step_index, component) c
+ WHERE (c.job_id, c.step_index, c.component) = (uw.job_id, uw.step_index, uw.component);
 UPDATE users SET running_count = 0, last_worked = NULL;
 UPDATE service_users su
    SET ready_count = c.ready, running_count = 0, last_worked = NULL
-  FROM (SELECT service, username, sum(ready_count)::integer AS ready
-          FROM user_work GROUP BY service, username) c
- WHERE c.service = su.service AND c.username = su.username;
+  FROM (SELECT service, component, tenant, username, sum(ready_count)::integer AS ready
+          FROM user_work GROUP BY service, component, tenant, username) c
+ WHERE (c.service, c.component, c.tenant, c.username)
+       = (su.service, su.component, su.tenant, su.username);
+DELETE FROM tenant_queues;
+INSERT INTO tenant_queues (service, component, tenant)
+SELECT DISTINCT service, component, tenant FROM service_users WHERE ready_count > 0;
+DELETE FROM queriers;
 TRUNCATE harmony_user_work;
 INSERT INTO harmony_user_work (job_id, service_id, username, is_async, ready_count, last_worked)
 SELECT job_id, service, username, is_async, ready_count, '2000-01-01'

@@ -138,6 +138,7 @@ fn serve_args(args: &BenchArgs) -> ServeArgs {
         lease: Duration::from_secs(300),
         max_retries: 3,
         reap_interval: Duration::from_secs(1),
+        querier_forget_delay: Duration::from_secs(60),
         max_body_bytes: 1024 * 1024,
     }
 }
@@ -162,7 +163,11 @@ async fn run_path(
     let runner = match path {
         BenchPath::Fair => Runner::Fair(Broker::new(
             pool.clone(),
-            BrokerSettings { lease: Duration::from_secs(300), max_retries: 3 },
+            BrokerSettings {
+                lease: Duration::from_secs(300),
+                max_retries: 3,
+                querier_forget_delay: Duration::from_secs(60),
+            },
             WorkSignals::default(),
         )),
         BenchPath::Http => {

@@ -103,7 +103,7 @@ impl Runner {
     async fn complete(&self, item: &Claimed) -> Result<(), BenchError> {
         match self {
             Self::Fair(broker) => {
-                let update = StatusUpdate::Successful { results: Vec::new() };
+                let update = StatusUpdate::Successful { results: Vec::new(), component: None };
                 broker.update_status(WorkItemId(item.id), item.attempt, update).await?;
             }
             Self::Sql { pool, path: BenchPath::Fifo } => {

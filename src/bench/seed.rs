@@ -11,6 +11,9 @@ use super::BenchError;
 
 /// The service every seeded item belongs to.
 pub const SERVICE: &str = "bench";
+/// One tenant and one component: the single-tenant deployment most installations are.
+const TENANT: &str = "default";
+const COMPONENT: &str = "unknown";
 
 const HARMONY_SCHEMA: &str = include_str!("../../sql/bench/harmony_schema.sql");
 const SEED_COUNTERS: &str = include_str!("../../sql/bench/seed_counters.sql");
@@ -51,27 +54,55 @@ pub async fn seed(pool: &Pool, users: usize, backlog: usize) -> Result<Seeded, B
         names.iter().map(|name| vec![name as &(dyn ToSql + Sync)]),
     )
     .await?;
+    let no_actor: Vec<String> = Vec::new();
     copy_rows(
         &client,
-        "jobs (job_id, username, is_async)",
-        &[Type::UUID, Type::TEXT, Type::BOOL],
-        jobs.iter().zip(&names).map(|(job, name)| vec![job as &(dyn ToSql + Sync), name, &true]),
+        "jobs (job_id, username, is_async, tenant, actor)",
+        &[Type::UUID, Type::TEXT, Type::BOOL, Type::TEXT, Type::TEXT_ARRAY],
+        jobs.iter()
+            .zip(&names)
+            .map(|(job, name)| vec![job as &(dyn ToSql + Sync), name, &true, &TENANT, &no_actor]),
     )
     .await?;
     copy_rows(
         &client,
-        "user_work (job_id, step_index, username, service, is_async, aggregate)",
-        &[Type::UUID, Type::INT4, Type::TEXT, Type::TEXT, Type::BOOL, Type::BOOL],
+        "job_steps (job_id, step_index, service, aggregate)",
+        &[Type::UUID, Type::INT4, Type::TEXT, Type::BOOL],
+        jobs.iter().map(|job| vec![job as &(dyn ToSql + Sync), &0_i32, &SERVICE, &false]),
+    )
+    .await?;
+    copy_rows(
+        &client,
+        "user_work (job_id, step_index, component, username, service, is_async, tenant, actor)",
+        &[
+            Type::UUID,
+            Type::INT4,
+            Type::TEXT,
+            Type::TEXT,
+            Type::TEXT,
+            Type::BOOL,
+            Type::TEXT,
+            Type::TEXT_ARRAY,
+        ],
         jobs.iter().zip(&names).map(|(job, name)| {
-            vec![job as &(dyn ToSql + Sync), &0_i32, name, &SERVICE, &true, &false]
+            vec![
+                job as &(dyn ToSql + Sync),
+                &0_i32,
+                &COMPONENT,
+                name,
+                &SERVICE,
+                &true,
+                &TENANT,
+                &no_actor,
+            ]
         }),
     )
     .await?;
     copy_rows(
         &client,
-        "service_users (service, username)",
-        &[Type::TEXT, Type::TEXT],
-        names.iter().map(|name| vec![&SERVICE as &(dyn ToSql + Sync), name]),
+        "service_users (service, component, tenant, username)",
+        &[Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT],
+        names.iter().map(|name| vec![&SERVICE as &(dyn ToSql + Sync), &COMPONENT, &TENANT, name]),
     )
     .await?;
     let items: Vec<u64> = (0..users)
@@ -80,12 +111,12 @@ pub async fn seed(pool: &Pool, users: usize, backlog: usize) -> Result<Seeded, B
     let payload = json!({});
     copy_rows(
         &client,
-        "work_items (job_id, step_index, payload)",
-        &[Type::UUID, Type::INT4, Type::JSONB],
+        "work_items (job_id, step_index, component, payload)",
+        &[Type::UUID, Type::INT4, Type::TEXT, Type::JSONB],
         jobs.iter()
             .zip(&items)
             .flat_map(|(job, &count)| std::iter::repeat_n(job, count as usize))
-            .map(|job| vec![job as &(dyn ToSql + Sync), &0_i32, &payload]),
+            .map(|job| vec![job as &(dyn ToSql + Sync), &0_i32, &COMPONENT, &payload]),
     )
     .await?;
     client.batch_execute(SEED_COUNTERS).await?;

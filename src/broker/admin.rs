@@ -17,9 +17,12 @@ impl Broker {
             .map(|row| {
                 Ok(UserWorkRow {
                     user: row.try_get("username")?,
+                    tenant: row.try_get("tenant")?,
+                    actor: row.try_get("actor")?,
                     job_id: JobId(row.try_get("job_id")?),
                     step: row.try_get("step_index")?,
                     service: row.try_get("service")?,
+                    component: row.try_get("component")?,
                     is_async: row.try_get("is_async")?,
                     paused: row.try_get("paused")?,
                     ready_count: row.try_get("ready_count")?,

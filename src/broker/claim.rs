@@ -36,6 +36,7 @@ impl Broker {
     /// the claim waits here for one of them to be released rather than answer "no work", and
     /// rather than queue inside PostgreSQL on a row lock while holding a connection.
     pub async fn claim(&self, request: &ClaimRequest) -> Result<Vec<WorkItem>, BrokerError> {
+        self.check_in(&request.querier).await?;
         let signal = self.signals.for_service(request.service.as_str());
         let deadline = Instant::now() + CONTENDED_LIMIT;
         loop {
@@ -78,7 +79,8 @@ impl Broker {
         if !items.is_empty() {
             return Ok(Look::Claimed(items));
         }
-        Ok(match sql::query_opt(&client, HAS_CLAIMABLE_WORK, &[&service]).await? {
+        let querier = request.querier.as_str();
+        Ok(match sql::query_opt(&client, HAS_CLAIMABLE_WORK, &[&service, &querier]).await? {
             Some(_) => Look::Contended,
             None => Look::Nothing,
         })
@@ -102,6 +104,8 @@ impl Broker {
             }
             let _waiting = signal.waiting();
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                // The querier was here all along: a long poll must not look like silence.
+                self.touch(request.querier.as_str()).await?;
                 return Ok(items);
             }
         }
@@ -135,6 +139,9 @@ fn work_item(row: &Row, service: &str) -> Result<WorkItem, BrokerError> {
         service: service.to_owned(),
         step: row.try_get("step_index")?,
         user: row.try_get("username")?,
+        tenant: row.try_get("tenant")?,
+        actor: row.try_get("actor")?,
+        component: row.try_get("component")?,
         payload: row.try_get("payload")?,
         inputs: row.try_get("inputs")?,
         attempt: row.try_get("attempt")?,

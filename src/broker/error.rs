@@ -17,6 +17,15 @@ pub enum BrokerError {
     #[error("{message}")]
     Conflict { code: &'static str, message: String },
 
+    /// The tenant already has as many items waiting as its max_outstanding allows; nothing was
+    /// stored.
+    #[error("{0}")]
+    TooManyOutstanding(String),
+
+    /// The querier announced its shutdown: it gets no more work.
+    #[error("querier {0} is shutting down; it gets no more work")]
+    QuerierShuttingDown(String),
+
     /// PostgreSQL cannot be reached (pool exhausted, connection refused or lost).
     #[error("database unavailable: {0}")]
     Unavailable(String),

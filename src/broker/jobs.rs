@@ -1,13 +1,19 @@
+use std::collections::BTreeMap;
+
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use super::model::{progress, reject_nul, JobDocument, JobId, JobStatus, NewJob, StepDocument};
+use super::model::{
+    progress, reject_nul, ComponentName, JobDocument, JobId, JobStatus, NewItem, NewJob,
+    StepDocument,
+};
 use super::sql::{
-    self, APPLY_STEP_DELTAS, CANCEL_JOB_ITEMS, CREATE_SERVICE_USERS, CREATE_USER, GET_JOB,
-    GET_JOB_STEPS, INSERT_FIRST_STEP_ITEMS, INSERT_JOB, INSERT_JOB_STEPS, LOCK_JOB_OWNER,
-    LOCK_USER, NOTIFY_WORK_READY, SET_JOB_PAUSED, SET_JOB_STATUS,
+    self, APPLY_STEP_DELTAS, CANCEL_JOB_ITEMS, COUNT_OUTSTANDING, CREATE_STEP_QUEUES,
+    CREATE_TENANT, CREATE_USER, GET_JOB, GET_JOB_STEPS, INSERT_FIRST_STEP_ITEMS, INSERT_JOB,
+    INSERT_JOB_STEPS, LOCK_JOB_OWNER, LOCK_TENANT_LIMIT, LOCK_USER, NOTIFY_WORK_READY,
+    SET_JOB_PAUSED, SET_JOB_STATUS,
 };
 use super::{Broker, BrokerError};
 
@@ -27,13 +33,15 @@ pub(super) struct StepChange {
     pub job_open_items: i32,
 }
 
-/// Moves a step's counts (and the user's fair-order rows with them), and wakes waiting workers
-/// when the user's work for the service became claimable. The caller holds the user's row lock.
-/// Returns the step's service and how many items of the whole job are still ready or running.
+/// Moves the counts of a step's items of one component (and the user's fair-order rows with
+/// them), and wakes waiting workers when the user's work for the service became claimable. The
+/// caller holds the user's row lock. Returns the step's service and how many items of the whole
+/// job are still ready or running.
 pub(super) async fn apply_step_deltas(
     tx: &impl GenericClient,
     job_id: JobId,
     step: i32,
+    component: &str,
     deltas: StepDeltas,
 ) -> Result<StepChange, BrokerError> {
     let row = sql::query_opt(
@@ -42,6 +50,7 @@ pub(super) async fn apply_step_deltas(
         &[
             &job_id.0,
             &step,
+            &component,
             &deltas.ready,
             &deltas.running,
             &deltas.successful,
@@ -51,7 +60,10 @@ pub(super) async fn apply_step_deltas(
     )
     .await?
     .ok_or_else(|| {
-        BrokerError::not_found("step_not_found", format!("job {job_id} has no step {step}"))
+        BrokerError::not_found(
+            "step_not_found",
+            format!("job {job_id} has no step {step} with items of component {component}"),
+        )
     })?;
     let service: String = row.try_get("service")?;
     if row.try_get("became_claimable")? {
@@ -61,10 +73,12 @@ pub(super) async fn apply_step_deltas(
 }
 
 impl Broker {
-    /// Stores a job, its steps and its first step's items, all ready at once.
+    /// Stores a job, its steps and its first step's items, all ready at once. Refused, with
+    /// nothing stored, when the items would take the tenant past its max_outstanding.
     pub async fn submit_job(&self, job: &NewJob) -> Result<JobId, BrokerError> {
         let job_id = JobId(Uuid::new_v4());
         let user = job.user.as_str();
+        let tenant = job.tenant.as_str();
         let services: Vec<&str> = job.steps.iter().map(|step| step.service.as_str()).collect();
         let aggregates: Vec<bool> = job.steps.iter().map(|step| step.aggregate).collect();
 
@@ -72,15 +86,12 @@ impl Broker {
         let tx = client.transaction().await?;
         sql::execute(&tx, CREATE_USER, &[&user]).await?;
         sql::query_opt(&tx, LOCK_USER, &[&user]).await?;
-        sql::execute(&tx, INSERT_JOB, &[&job_id.0, &user, &job.is_async]).await?;
-        sql::execute(
-            &tx,
-            INSERT_JOB_STEPS,
-            &[&job_id.0, &user, &job.is_async, &services, &aggregates],
-        )
-        .await?;
-        sql::execute(&tx, CREATE_SERVICE_USERS, &[&user, &services]).await?;
-        add_first_step_items(&tx, job_id, &job.payloads).await?;
+        sql::execute(&tx, CREATE_TENANT, &[&tenant]).await?;
+        admit(&tx, tenant, job.items.len()).await?;
+        let actor = job.actor.names();
+        sql::execute(&tx, INSERT_JOB, &[&job_id.0, &user, &job.is_async, &tenant, &actor]).await?;
+        sql::execute(&tx, INSERT_JOB_STEPS, &[&job_id.0, &services, &aggregates]).await?;
+        add_first_step_items(&tx, job_id, &job.items).await?;
         tx.commit().await?;
         Ok(job_id)
     }
@@ -90,12 +101,12 @@ impl Broker {
     pub async fn append_items(
         &self,
         job_id: JobId,
-        payloads: &[Value],
+        items: &[NewItem],
     ) -> Result<JobDocument, BrokerError> {
-        if payloads.is_empty() {
+        if items.is_empty() {
             return Err(BrokerError::invalid("invalid_items", "add at least one item"));
         }
-        payloads.iter().try_for_each(|payload| reject_nul(payload, "a payload"))?;
+        items.iter().try_for_each(|item| reject_nul(&item.payload, "a payload"))?;
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let job = lock_unfinished_job(&tx, job_id, "add items to").await?;
@@ -105,7 +116,8 @@ impl Broker {
                 format!("job {job_id} has already aggregated its results; it takes no new items"),
             ));
         }
-        add_first_step_items(&tx, job_id, payloads).await?;
+        admit(&tx, &job.tenant, items.len()).await?;
+        add_first_step_items(&tx, job_id, items).await?;
         let job = read_job(&tx, job_id).await?;
         tx.commit().await?;
         Ok(job)
@@ -163,6 +175,7 @@ impl Broker {
         }
         for row in sql::query(&tx, CANCEL_JOB_ITEMS, &[&job_id.0]).await? {
             let step: i32 = row.try_get("step_index")?;
+            let component: String = row.try_get("component")?;
             let ready: i32 = row.try_get("ready")?;
             let running: i32 = row.try_get("running")?;
             let deltas = StepDeltas {
@@ -171,7 +184,7 @@ impl Broker {
                 canceled: ready + running,
                 ..Default::default()
             };
-            apply_step_deltas(&tx, job_id, step, deltas).await?;
+            apply_step_deltas(&tx, job_id, step, &component, deltas).await?;
         }
         sql::execute(&tx, SET_JOB_STATUS, &[&job_id.0, &JobStatus::Canceled.as_str()]).await?;
         let job = read_job(&tx, job_id).await?;
@@ -180,16 +193,57 @@ impl Broker {
     }
 }
 
+/// Refuses `count` new items when they would take the tenant past its max_outstanding. Holds
+/// the tenant's row lock, when it has a limit, until the caller's transaction ends.
+async fn admit(tx: &impl GenericClient, tenant: &str, count: usize) -> Result<(), BrokerError> {
+    let Some(row) = sql::query_opt(tx, LOCK_TENANT_LIMIT, &[&tenant]).await? else {
+        return Ok(());
+    };
+    let limit: i32 = row.try_get("max_outstanding")?;
+    let outstanding: i64 =
+        sql::query_one(tx, COUNT_OUTSTANDING, &[&tenant]).await?.try_get("outstanding")?;
+    let wanted = outstanding.saturating_add(i64::try_from(count).unwrap_or(i64::MAX));
+    if wanted > i64::from(limit) {
+        return Err(BrokerError::TooManyOutstanding(format!(
+            "tenant {tenant} has {outstanding} items waiting and a limit of {limit}; \
+             {count} more would exceed it"
+        )));
+    }
+    Ok(())
+}
+
+/// Makes sure a step has its counter rows for each of `components` (sorted, distinct).
+pub(super) async fn create_step_queues(
+    tx: &impl GenericClient,
+    job_id: JobId,
+    step: i32,
+    components: &[&str],
+) -> Result<(), BrokerError> {
+    sql::execute(tx, CREATE_STEP_QUEUES, &[&job_id.0, &step, &components]).await?;
+    Ok(())
+}
+
 async fn add_first_step_items(
     tx: &impl GenericClient,
     job_id: JobId,
-    payloads: &[Value],
+    items: &[NewItem],
 ) -> Result<(), BrokerError> {
-    let count = i32::try_from(payloads.len())
-        .map_err(|_| BrokerError::invalid("invalid_items", "too many items at once"))?;
-    sql::execute(tx, INSERT_FIRST_STEP_ITEMS, &[&job_id.0, &payloads]).await?;
-    let deltas = StepDeltas { ready: count, ..Default::default() };
-    apply_step_deltas(tx, job_id, 0, deltas).await?;
+    let mut per_component: BTreeMap<&ComponentName, i32> = BTreeMap::new();
+    for item in items {
+        let count = per_component.entry(&item.component).or_default();
+        *count = count
+            .checked_add(1)
+            .ok_or_else(|| BrokerError::invalid("invalid_items", "too many items at once"))?;
+    }
+    let components: Vec<&str> = per_component.keys().map(|name| name.as_str()).collect();
+    create_step_queues(tx, job_id, 0, &components).await?;
+    let payloads: Vec<&Value> = items.iter().map(|item| &item.payload).collect();
+    let item_components: Vec<&str> = items.iter().map(|item| item.component.as_str()).collect();
+    sql::execute(tx, INSERT_FIRST_STEP_ITEMS, &[&job_id.0, &payloads, &item_components]).await?;
+    for (component, count) in per_component {
+        let deltas = StepDeltas { ready: count, ..Default::default() };
+        apply_step_deltas(tx, job_id, 0, component.as_str(), deltas).await?;
+    }
     Ok(())
 }
 
@@ -240,6 +294,8 @@ pub(super) async fn read_job(
     Ok(JobDocument {
         job_id,
         user: job.try_get("username")?,
+        tenant: job.try_get("tenant")?,
+        actor: job.try_get("actor")?,
         is_async: job.try_get("is_async")?,
         status,
         progress: progress(status, &steps),
@@ -258,6 +314,7 @@ fn step_document(row: &Row) -> Result<StepDocument, BrokerError> {
     Ok(StepDocument {
         service: row.try_get("service")?,
         aggregate: row.try_get("aggregate")?,
+        components: row.try_get("components")?,
         total: [ready, running, successful, failed, canceled].iter().map(|&n| i64::from(n)).sum(),
         ready,
         running,

@@ -5,6 +5,7 @@ mod admin;
 mod claim;
 mod error;
 mod jobs;
+pub mod membership;
 pub mod model;
 mod outcome;
 mod signals;
@@ -24,6 +25,8 @@ pub struct BrokerSettings {
     pub lease: Duration,
     /// Retries after a retryable failure before an item fails for good.
     pub max_retries: u32,
+    /// How long a querier that neither asks for work nor holds a lease stays a member.
+    pub querier_forget_delay: Duration,
 }
 
 /// The broker: cheap to clone, shared by every request handler and background task.

@@ -93,6 +93,82 @@ impl QuerierName {
     }
 }
 
+/// The tenant a job belongs to: 1..255 characters. Jobs that name none belong to `default`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(transparent)]
+pub struct TenantName(String);
+
+impl TenantName {
+    pub fn parse(name: &str) -> Result<Self, BrokerError> {
+        bounded_name(name, "invalid_tenant", "tenant").map(Self)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for TenantName {
+    fn default() -> Self {
+        Self("default".to_owned())
+    }
+}
+
+/// The query component an item needs: 1..64 characters of `[a-z0-9_-]`; `unknown` by default.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct ComponentName(String);
+
+impl ComponentName {
+    pub fn parse(name: &str) -> Result<Self, BrokerError> {
+        let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "_-".contains(c);
+        if name.is_empty() || name.len() > 64 || !name.chars().all(allowed) {
+            return Err(BrokerError::invalid(
+                "invalid_component",
+                format!("component {name:?} must be 1 to 64 characters of [a-z0-9_-]"),
+            ));
+        }
+        Ok(Self(name.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for ComponentName {
+    fn default() -> Self {
+        Self("unknown".to_owned())
+    }
+}
+
+/// Loki's actor path below the user: up to three names, each 1..255 characters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct ActorPath(Vec<String>);
+
+impl ActorPath {
+    pub const MAX_DEPTH: usize = 3;
+
+    pub fn parse(names: &[String]) -> Result<Self, BrokerError> {
+        if names.len() > Self::MAX_DEPTH {
+            return Err(BrokerError::invalid(
+                "invalid_actor",
+                format!("an actor path has at most {} names", Self::MAX_DEPTH),
+            ));
+        }
+        names
+            .iter()
+            .map(|name| bounded_name(name, "invalid_actor", "an actor name"))
+            .collect::<Result<_, _>>()
+            .map(Self)
+    }
+
+    pub fn names(&self) -> &[String] {
+        &self.0
+    }
+}
+
 /// PostgreSQL's text and jsonb cannot hold a NUL character anywhere: refuse it in anything a
 /// client sends for storage, rather than let the database refuse it as an internal error.
 pub fn reject_nul(value: &Value, what: &str) -> Result<(), BrokerError> {
@@ -132,22 +208,33 @@ pub struct StepSpec {
     pub aggregate: bool,
 }
 
+/// A producer's work item: what to do, and which query component it needs.
+#[derive(Debug, Clone)]
+pub struct NewItem {
+    pub payload: Value,
+    pub component: ComponentName,
+}
+
 /// A validated job submission.
 #[derive(Debug, Clone)]
 pub struct NewJob {
     pub user: UserName,
+    pub tenant: TenantName,
+    pub actor: ActorPath,
     pub is_async: bool,
     pub steps: Vec<StepSpec>,
-    /// Payloads of the first step's items, in order.
-    pub payloads: Vec<Value>,
+    /// The first step's items, in order.
+    pub items: Vec<NewItem>,
 }
 
 impl NewJob {
     pub fn new(
         user: UserName,
+        tenant: TenantName,
+        actor: ActorPath,
         is_async: bool,
         steps: Vec<StepSpec>,
-        payloads: Vec<Value>,
+        items: Vec<NewItem>,
     ) -> Result<Self, BrokerError> {
         if steps.is_empty() {
             return Err(BrokerError::invalid("invalid_steps", "a job needs at least one step"));
@@ -158,11 +245,11 @@ impl NewJob {
                 "the first step cannot aggregate: there is no step before it",
             ));
         }
-        if payloads.is_empty() {
+        if items.is_empty() {
             return Err(BrokerError::invalid("invalid_items", "a job needs at least one item"));
         }
-        payloads.iter().try_for_each(|payload| reject_nul(payload, "a payload"))?;
-        Ok(Self { user, is_async, steps, payloads })
+        items.iter().try_for_each(|item| reject_nul(&item.payload, "a payload"))?;
+        Ok(Self { user, tenant, actor, is_async, steps, items })
     }
 }
 
@@ -217,6 +304,8 @@ impl JobStatus {
 pub struct StepDocument {
     pub service: String,
     pub aggregate: bool,
+    /// The components of the step's items so far, in name order.
+    pub components: Vec<String>,
     pub total: i64,
     pub ready: i32,
     pub running: i32,
@@ -235,6 +324,8 @@ impl StepDocument {
 pub struct JobDocument {
     pub job_id: JobId,
     pub user: String,
+    pub tenant: String,
+    pub actor: Vec<String>,
     pub is_async: bool,
     pub status: JobStatus,
     pub progress: u8,
@@ -269,6 +360,9 @@ pub struct WorkItem {
     pub service: String,
     pub step: i32,
     pub user: String,
+    pub tenant: String,
+    pub actor: Vec<String>,
+    pub component: String,
     pub payload: Value,
     pub inputs: Value,
     pub attempt: i32,
@@ -293,6 +387,8 @@ pub enum StatusUpdate {
     Running,
     Successful {
         results: Vec<Value>,
+        /// Where the items made from these results go; by default this item's component.
+        component: Option<ComponentName>,
     },
     Failed {
         error: Option<String>,
@@ -327,9 +423,12 @@ impl ItemStatus {
 #[derive(Debug, Clone, Serialize)]
 pub struct UserWorkRow {
     pub user: String,
+    pub tenant: String,
+    pub actor: Vec<String>,
     pub job_id: JobId,
     pub step: i32,
     pub service: String,
+    pub component: String,
     pub is_async: bool,
     pub paused: bool,
     pub ready_count: i32,

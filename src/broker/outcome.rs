@@ -1,24 +1,26 @@
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 
-use super::jobs::{apply_step_deltas, StepDeltas};
-use super::model::{reject_nul, ItemStatus, JobId, StatusUpdate, WorkItemId};
+use super::jobs::{apply_step_deltas, create_step_queues, StepDeltas};
+use super::model::{reject_nul, ComponentName, ItemStatus, JobId, StatusUpdate, WorkItemId};
 use super::sql::{
     self, DESCRIBE_ITEM, EXTEND_LEASE, FIND_EXPIRED_LEASES, FINISH_ITEM, INSERT_AGGREGATE_ITEM,
-    INSERT_NEXT_STEP_ITEMS, REFRESH_JOB_STATUS,
+    INSERT_NEXT_STEP_ITEMS, PLAN_AGGREGATE_ITEM, REFRESH_JOB_STATUS,
 };
 use super::{Broker, BrokerError};
 
 /// How an attempt ended, as recorded on the item.
 enum Ending {
-    Successful(Vec<Value>),
+    Successful { results: Vec<Value>, component: Option<ComponentName> },
     Failed { error: Option<String>, retryable: bool },
 }
 
-/// An attempt that ended: the item's status now, and its service.
+/// An attempt that ended: the item's status now, its service, and whether the querier that
+/// held it is shutting down (it may have released its last lease).
 struct Ended {
     status: ItemStatus,
     service: String,
+    querier_leaving: bool,
 }
 
 /// Whether an ending applies to any running attempt, or only to one whose lease has expired.
@@ -38,7 +40,7 @@ impl Broker {
         update: StatusUpdate,
     ) -> Result<ItemStatus, BrokerError> {
         match &update {
-            StatusUpdate::Successful { results } => {
+            StatusUpdate::Successful { results, .. } => {
                 results.iter().try_for_each(|result| reject_nul(result, "a result"))?;
             }
             StatusUpdate::Failed { error: Some(error), .. } => {
@@ -60,13 +62,15 @@ impl Broker {
                 tx.commit().await?;
                 return Ok(ItemStatus::Running);
             }
-            StatusUpdate::Successful { results } => Ending::Successful(results),
+            StatusUpdate::Successful { results, component } => {
+                Ending::Successful { results, component }
+            }
             StatusUpdate::Failed { error, retryable } => Ending::Failed { error, retryable },
         };
         match self.end_attempt(&tx, id, attempt, ending, LeaseCondition::Any).await? {
             Some(ended) => {
                 tx.commit().await?;
-                self.signals.for_service(&ended.service).release_one();
+                self.after_release(&ended).await?;
                 Ok(ended.status)
             }
             None => Err(why_not_applied(&tx, id, attempt).await?),
@@ -93,7 +97,7 @@ impl Broker {
                 self.end_attempt(&tx, id, attempt, ending, LeaseCondition::Expired).await?
             {
                 tx.commit().await?;
-                self.signals.for_service(&ended.service).release_one();
+                self.after_release(&ended).await?;
                 reaped += 1;
             }
         }
@@ -111,23 +115,27 @@ impl Broker {
         condition: LeaseCondition,
     ) -> Result<Option<Ended>, BrokerError> {
         let retry_allowed = i64::from(attempt) <= i64::from(self.settings.max_retries);
-        let (status, results, error) = match ending {
-            Ending::Successful(results) => {
-                (ItemStatus::Successful, Some(Value::Array(results)), None)
+        let (status, results, next_component, error) = match ending {
+            Ending::Successful { results, component } => {
+                (ItemStatus::Successful, Some(Value::Array(results)), component, None)
             }
             Ending::Failed { error, retryable: true } if retry_allowed => {
-                (ItemStatus::Ready, None, error)
+                (ItemStatus::Ready, None, None, error)
             }
-            Ending::Failed { error, .. } => (ItemStatus::Failed, None, error),
+            Ending::Failed { error, .. } => (ItemStatus::Failed, None, None, error),
         };
         let expired_only = condition == LeaseCondition::Expired;
+        let next_component = next_component.as_ref().map(ComponentName::as_str);
         let params: sql::Params =
-            &[&id.0, &attempt, &status.as_str(), &results, &error, &expired_only];
+            &[&id.0, &attempt, &status.as_str(), &results, &error, &expired_only, &next_component];
         let Some(row) = sql::query_opt(tx, FINISH_ITEM, params).await? else {
             return Ok(None);
         };
         let job_id = JobId(row.try_get("job_id")?);
         let step: i32 = row.try_get("step_index")?;
+        let component: String = row.try_get("component")?;
+        let results_component: String = row.try_get("results_component")?;
+        let querier_leaving: bool = row.try_get("querier_leaving")?;
         let next_step_aggregates: Option<bool> = row.try_get("next_step_aggregates")?;
         let job_aggregates: bool = row.try_get("job_aggregates")?;
 
@@ -137,30 +145,50 @@ impl Broker {
             ItemStatus::Successful => deltas.successful = 1,
             _ => deltas.failed = 1,
         }
-        let change = apply_step_deltas(tx, job_id, step, deltas).await?;
+        let change = apply_step_deltas(tx, job_id, step, &component, deltas).await?;
         let service = change.service;
         let mut open_items = change.job_open_items;
 
-        if status == ItemStatus::Successful && next_step_aggregates == Some(false) {
+        let has_results = matches!(&results, Some(Value::Array(results)) if !results.is_empty());
+        if next_step_aggregates == Some(false) && has_results {
+            let next = step + 1;
+            create_step_queues(tx, job_id, next, &[&results_component]).await?;
             let created: i32 =
                 sql::query_one(tx, INSERT_NEXT_STEP_ITEMS, &[&id.0, &step]).await?.try_get(0)?;
-            if created > 0 {
-                let ready = StepDeltas { ready: created, ..Default::default() };
-                open_items = apply_step_deltas(tx, job_id, step + 1, ready).await?.job_open_items;
-            }
+            let ready = StepDeltas { ready: created, ..Default::default() };
+            open_items = apply_step_deltas(tx, job_id, next, &results_component, ready)
+                .await?
+                .job_open_items;
         }
         if job_aggregates && status != ItemStatus::Ready {
-            if let Some(row) = sql::query_opt(tx, INSERT_AGGREGATE_ITEM, &[&job_id.0]).await? {
+            if let Some(row) = sql::query_opt(tx, PLAN_AGGREGATE_ITEM, &[&job_id.0]).await? {
                 let aggregate_step: i32 = row.try_get("step_index")?;
+                let component: String = row.try_get("component")?;
+                create_step_queues(tx, job_id, aggregate_step, &[&component]).await?;
+                sql::execute(tx, INSERT_AGGREGATE_ITEM, &[&job_id.0, &aggregate_step, &component])
+                    .await?;
                 let ready = StepDeltas { ready: 1, ..Default::default() };
-                open_items =
-                    apply_step_deltas(tx, job_id, aggregate_step, ready).await?.job_open_items;
+                open_items = apply_step_deltas(tx, job_id, aggregate_step, &component, ready)
+                    .await?
+                    .job_open_items;
             }
         }
         if open_items == 0 {
             sql::execute(tx, REFRESH_JOB_STATUS, &[&job_id.0]).await?;
         }
-        Ok(Some(Ended { status, service }))
+        Ok(Some(Ended { status, service, querier_leaving }))
+    }
+}
+
+impl Broker {
+    /// After an attempt's end committed: wake a claim waiting for a busy user, and let a
+    /// querier that is shutting down leave its shards once it holds no lease.
+    async fn after_release(&self, ended: &Ended) -> Result<(), BrokerError> {
+        self.signals.for_service(&ended.service).release_one();
+        if ended.querier_leaving {
+            self.retire_queriers().await?;
+        }
+        Ok(())
     }
 }
 

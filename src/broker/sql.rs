@@ -21,7 +21,9 @@ statements! {
     CANCEL_JOB_ITEMS = "cancel_job_items";
     CHECK_CONSISTENCY = "check_consistency";
     CLAIM_NEXT_ITEM = "claim_next_item";
-    CREATE_SERVICE_USERS = "create_service_users";
+    COUNT_OUTSTANDING = "count_outstanding";
+    CREATE_STEP_QUEUES = "create_step_queues";
+    CREATE_TENANT = "create_tenant";
     CREATE_USER = "create_user";
     DESCRIBE_ITEM = "describe_item";
     EXTEND_LEASE = "extend_lease";
@@ -35,13 +37,28 @@ statements! {
     INSERT_JOB = "insert_job";
     INSERT_JOB_STEPS = "insert_job_steps";
     INSERT_NEXT_STEP_ITEMS = "insert_next_step_items";
+    JOIN_QUERIER = "join_querier";
+    LIST_QUERIERS = "list_queriers";
+    LIST_TENANTS = "list_tenants";
     LIST_USER_WORK = "list_user_work";
+    LOCK_IDLE_TENANT_QUEUES = "lock_idle_tenant_queues";
     LOCK_JOB_OWNER = "lock_job_owner";
+    LOCK_MEMBERSHIP = "lock_membership";
+    LOCK_TENANT_LIMIT = "lock_tenant_limit";
     LOCK_USER = "lock_user";
     NOTIFY_WORK_READY = "notify_work_ready";
+    PLAN_AGGREGATE_ITEM = "plan_aggregate_item";
+    QUERIER_STATE = "querier_state";
+    RECOUNT_TENANT_RUNNING = "recount_tenant_running";
     REFRESH_JOB_STATUS = "refresh_job_status";
+    RESHARD_TENANTS = "reshard_tenants";
+    RETIRE_QUERIERS = "retire_queriers";
+    RETIRE_TENANT_QUEUES = "retire_tenant_queues";
     SET_JOB_PAUSED = "set_job_paused";
     SET_JOB_STATUS = "set_job_status";
+    SHUT_DOWN_QUERIER = "shut_down_querier";
+    TOUCH_QUERIER = "touch_querier";
+    UPSERT_TENANT = "upsert_tenant";
 }
 
 pub type Params<'a> = &'a [&'a (dyn ToSql + Sync)];

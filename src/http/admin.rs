@@ -6,6 +6,8 @@ use serde_json::json;
 
 use super::endpoint;
 use super::error::ApiError;
+use crate::broker::membership::TenantLimits;
+use crate::broker::model::TenantName;
 use crate::broker::Broker;
 
 const DEFAULT_ROWS: i64 = 1000;
@@ -16,6 +18,13 @@ pub fn routes(config: &mut web::ServiceConfig) {
         .service(endpoint("/admin/user-work").route(web::get().to(user_work)))
         .service(endpoint("/admin/consistency").route(web::get().to(consistency)))
         .service(endpoint("/admin/waiting-workers").route(web::get().to(waiting_workers)))
+        .service(endpoint("/admin/queriers").route(web::get().to(queriers)))
+        .service(endpoint("/admin/tenants").route(web::get().to(tenants)))
+        .service(
+            endpoint("/admin/tenants/{tenant}")
+                .route(web::get().to(tenant))
+                .route(web::put().to(set_tenant)),
+        )
         .service(endpoint("/healthz").route(web::get().to(healthz)))
         .service(endpoint("/readyz").route(web::get().to(readyz)));
 }
@@ -46,6 +55,47 @@ async fn user_work(
 /// An empty filter means no filter, so `?service=&user=` lists everything.
 fn non_empty(value: &Option<String>) -> Option<&str> {
     value.as_deref().filter(|value| !value.is_empty())
+}
+
+async fn queriers(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(json!({ "queriers": broker.queriers().await? })))
+}
+
+async fn tenants(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(json!({ "tenants": broker.tenants().await? })))
+}
+
+async fn tenant(
+    broker: web::Data<Broker>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let tenant = TenantName::parse(&path.into_inner())?;
+    Ok(HttpResponse::Ok().json(broker.tenant(&tenant).await?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantBody {
+    max_queriers: u32,
+    max_outstanding: u32,
+}
+
+async fn set_tenant(
+    broker: web::Data<Broker>,
+    path: web::Path<String>,
+    body: web::Json<TenantBody>,
+) -> Result<HttpResponse, ApiError> {
+    let tenant = TenantName::parse(&path.into_inner())?;
+    let limit = |name: &str, value: u32| {
+        i32::try_from(value).map_err(|_| {
+            ApiError::bad_request("invalid_body", format!("{name} must be at most {}", i32::MAX))
+        })
+    };
+    let limits = TenantLimits {
+        max_queriers: limit("max_queriers", body.max_queriers)?,
+        max_outstanding: limit("max_outstanding", body.max_outstanding)?,
+    };
+    Ok(HttpResponse::Ok().json(broker.set_tenant(&tenant, limits).await?))
 }
 
 async fn consistency(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {

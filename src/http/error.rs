@@ -39,6 +39,8 @@ impl ApiError {
             | Self::Broker(BrokerError::NotFound { code, .. })
             | Self::Broker(BrokerError::Conflict { code, .. })
             | Self::BadRequest { code, .. } => code,
+            Self::Broker(BrokerError::TooManyOutstanding(_)) => "too_many_outstanding",
+            Self::Broker(BrokerError::QuerierShuttingDown(_)) => "querier_shutting_down",
             Self::Broker(BrokerError::Unavailable(_)) => "database_unavailable",
             Self::Broker(BrokerError::Database(_)) => "internal_error",
             Self::PayloadTooLarge { .. } => "payload_too_large",
@@ -56,6 +58,8 @@ impl ResponseError for ApiError {
             }
             Self::Broker(BrokerError::NotFound { .. }) => StatusCode::NOT_FOUND,
             Self::Broker(BrokerError::Conflict { .. }) => StatusCode::CONFLICT,
+            Self::Broker(BrokerError::TooManyOutstanding(_)) => StatusCode::TOO_MANY_REQUESTS,
+            Self::Broker(BrokerError::QuerierShuttingDown(_)) => StatusCode::GONE,
             Self::Broker(BrokerError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Broker(BrokerError::Database(_)) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,

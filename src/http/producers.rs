@@ -7,7 +7,9 @@ use uuid::Uuid;
 
 use super::endpoint;
 use super::error::ApiError;
-use crate::broker::model::{JobId, NewJob, ServiceName, StepSpec, UserName};
+use crate::broker::model::{
+    ActorPath, ComponentName, JobId, NewItem, NewJob, ServiceName, StepSpec, TenantName, UserName,
+};
 use crate::broker::Broker;
 
 pub fn routes(config: &mut web::ServiceConfig) {
@@ -23,6 +25,9 @@ pub fn routes(config: &mut web::ServiceConfig) {
 #[serde(deny_unknown_fields)]
 struct JobBody {
     user: String,
+    tenant: Option<String>,
+    #[serde(default)]
+    actor: Vec<String>,
     #[serde(default = "default_is_async")]
     is_async: bool,
     steps: Vec<StepBody>,
@@ -46,6 +51,21 @@ struct StepBody {
 struct ItemBody {
     #[serde(default)]
     payload: Value,
+    component: Option<String>,
+}
+
+impl ItemBody {
+    fn validate(self) -> Result<NewItem, ApiError> {
+        let component = match self.component {
+            Some(name) => ComponentName::parse(&name)?,
+            None => ComponentName::default(),
+        };
+        Ok(NewItem { payload: self.payload, component })
+    }
+}
+
+fn validate_items(items: Vec<ItemBody>) -> Result<Vec<NewItem>, ApiError> {
+    items.into_iter().map(ItemBody::validate).collect()
 }
 
 impl JobBody {
@@ -60,8 +80,18 @@ impl JobBody {
                 })
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
-        let payloads = self.items.into_iter().map(|item| item.payload).collect();
-        Ok(NewJob::new(UserName::parse(&self.user)?, self.is_async, steps, payloads)?)
+        let tenant = match self.tenant {
+            Some(name) => TenantName::parse(&name)?,
+            None => TenantName::default(),
+        };
+        Ok(NewJob::new(
+            UserName::parse(&self.user)?,
+            tenant,
+            ActorPath::parse(&self.actor)?,
+            self.is_async,
+            steps,
+            validate_items(self.items)?,
+        )?)
     }
 }
 
@@ -85,9 +115,8 @@ async fn append_items(
     path: web::Path<Uuid>,
     body: web::Json<ItemsBody>,
 ) -> Result<HttpResponse, ApiError> {
-    let payloads: Vec<Value> =
-        body.into_inner().items.into_iter().map(|item| item.payload).collect();
-    let job = broker.append_items(JobId(path.into_inner()), &payloads).await?;
+    let items = validate_items(body.into_inner().items)?;
+    let job = broker.append_items(JobId(path.into_inner()), &items).await?;
     Ok(HttpResponse::Ok().json(job))
 }
 

@@ -8,7 +8,9 @@ use serde_json::{json, Value};
 
 use super::endpoint;
 use super::error::ApiError;
-use crate::broker::model::{ClaimRequest, QuerierName, ServiceName, StatusUpdate, WorkItemId};
+use crate::broker::model::{
+    ClaimRequest, ComponentName, QuerierName, ServiceName, StatusUpdate, WorkItemId,
+};
 use crate::broker::Broker;
 
 const MAX_WORKER_SLOT: u32 = 1023;
@@ -18,7 +20,8 @@ const MAX_BATCH: u32 = 100;
 pub fn routes(config: &mut web::ServiceConfig) {
     config
         .service(endpoint("/work").route(web::get().to(get_work)))
-        .service(endpoint("/work/{id}/status").route(web::post().to(post_status)));
+        .service(endpoint("/work/{id}/status").route(web::post().to(post_status)))
+        .service(endpoint("/queriers/{querier}/shutdown").route(web::post().to(shut_down)));
 }
 
 #[derive(Deserialize)]
@@ -84,6 +87,8 @@ struct StatusBody {
     status: ReportedStatus,
     attempt: i32,
     results: Option<Vec<Value>>,
+    /// The component of the items made from `results`, when not this item's own.
+    component: Option<String>,
     error: Option<String>,
     retryable: Option<bool>,
 }
@@ -96,6 +101,12 @@ impl StatusBody {
                 "results are only accepted with status \"successful\"",
             ));
         }
+        if self.component.is_some() && !matches!(self.status, ReportedStatus::Successful) {
+            return Err(ApiError::bad_request(
+                "invalid_body",
+                "component is only accepted with status \"successful\"",
+            ));
+        }
         if self.retryable.is_some() && !matches!(self.status, ReportedStatus::Failed) {
             return Err(ApiError::bad_request(
                 "invalid_body",
@@ -104,9 +115,10 @@ impl StatusBody {
         }
         Ok(match self.status {
             ReportedStatus::Running => StatusUpdate::Running,
-            ReportedStatus::Successful => {
-                StatusUpdate::Successful { results: self.results.unwrap_or_default() }
-            }
+            ReportedStatus::Successful => StatusUpdate::Successful {
+                results: self.results.unwrap_or_default(),
+                component: self.component.as_deref().map(ComponentName::parse).transpose()?,
+            },
             ReportedStatus::Failed => StatusUpdate::Failed {
                 error: self.error,
                 retryable: self.retryable.unwrap_or(true),
@@ -125,4 +137,14 @@ async fn post_status(
     let update = body.into_inner().validate()?;
     let status = broker.update_status(id, attempt, update).await?;
     Ok(HttpResponse::Ok().json(json!({ "id": id, "status": status })))
+}
+
+/// A querier going away: it gets no more work, and leaves its shards once its leases end.
+async fn shut_down(
+    broker: web::Data<Broker>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let querier = QuerierName::parse(&path.into_inner())?;
+    broker.shut_down_querier(&querier).await?;
+    Ok(HttpResponse::Accepted().json(json!({ "querier": querier, "state": "shutting_down" })))
 }

@@ -144,6 +144,7 @@ pub fn default_args() -> ServeArgs {
         lease: Duration::from_secs(300),
         max_retries: 3,
         reap_interval: Duration::from_secs(1),
+        querier_forget_delay: Duration::from_secs(60),
         max_body_bytes: 1024 * 1024,
     }
 }
@@ -284,7 +285,19 @@ impl TestApp {
     /// A digest of every row of every table, to show that a request changed nothing.
     pub async fn fingerprint(&self) -> String {
         let mut digest = String::new();
-        for table in ["users", "jobs", "user_work", "service_users", "work_items"] {
+        let tables = [
+            "users",
+            "tenants",
+            "jobs",
+            "job_steps",
+            "user_work",
+            "service_users",
+            "tenant_queues",
+            "work_items",
+            "queriers",
+            "tenant_shards",
+        ];
+        for table in tables {
             let sql = format!("SELECT coalesce(md5(string_agg(t::text, '|' ORDER BY t::text)), '') FROM {table} t");
             let row = self.db.query_one(&sql, &[]).await.expect("fingerprint");
             digest.push_str(&row.get::<_, String>(0));

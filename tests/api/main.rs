@@ -7,5 +7,6 @@ mod leases;
 mod lifecycle;
 mod longpoll;
 mod plans;
+mod tenants;
 mod validation;
 mod workflow;

@@ -41,8 +41,13 @@ async fn bad_job_submissions_are_refused() {
     let before = app.fingerprint().await;
     let long = "x".repeat(256);
     let cases = [
-        (job(json!({ "tenant": "acme" })), "invalid_body"),
         (job(json!({ "priority": 3 })), "invalid_body"),
+        (job(json!({ "tenant": "" })), "invalid_tenant"),
+        (job(json!({ "tenant": long })), "invalid_tenant"),
+        (job(json!({ "tenant": 7 })), "invalid_body"),
+        (job(json!({ "actor": ["a", "b", "c", "d"] })), "invalid_actor"),
+        (job(json!({ "actor": ["a", ""] })), "invalid_actor"),
+        (job(json!({ "actor": "a" })), "invalid_body"),
         (job(json!({ "user": null })), "invalid_body"),
         (job(json!({ "user": "" })), "invalid_user"),
         (job(json!({ "user": long })), "invalid_user"),
@@ -54,7 +59,10 @@ async fn bad_job_submissions_are_refused() {
         (job(json!({ "steps": [{ "service": "a", "aggregate": true }] })), "invalid_steps"),
         (job(json!({ "steps": [{ "service": "a", "extra": 1 }] })), "invalid_body"),
         (job(json!({ "items": [] })), "invalid_items"),
-        (job(json!({ "items": [{ "payload": 1, "component": "x" }] })), "invalid_body"),
+        (job(json!({ "items": [{ "payload": 1, "extra": "x" }] })), "invalid_body"),
+        (job(json!({ "items": [{ "payload": 1, "component": "Ingester" }] })), "invalid_component"),
+        (job(json!({ "items": [{ "payload": 1, "component": "" }] })), "invalid_component"),
+        (job(json!({ "items": [{ "component": "x".repeat(65) }] })), "invalid_component"),
         (job(json!({ "items": null })), "invalid_body"),
         (job(json!({ "items": [{ "payload": { "a": "x\u{0}y" } }] })), "invalid_text"),
         (job(json!({ "items": [{ "payload": { "k\u{0}": 1 } }] })), "invalid_text"),

@@ -121,13 +121,15 @@ async fn a_job_reports_its_steps_and_progress() {
     let document = app.job(job).await;
     assert_eq!(document["job_id"], job.to_string());
     assert_eq!(document["user"], "alice");
+    assert_eq!(document["tenant"], "default");
+    assert_eq!(document["actor"], json!([]));
     assert_eq!(document["is_async"], false);
     assert_eq!(document["status"], "accepted");
     assert_eq!(document["progress"], 0);
     assert_eq!(
         document["steps"],
-        json!([{ "service": "svc", "aggregate": false, "total": 4, "ready": 4, "running": 0,
-                 "successful": 0, "failed": 0, "canceled": 0 }])
+        json!([{ "service": "svc", "aggregate": false, "components": ["unknown"], "total": 4,
+                 "ready": 4, "running": 0, "successful": 0, "failed": 0, "canceled": 0 }])
     );
     let item = app.claim("svc").await.expect("item");
     app.succeed(&item, json!([])).await;

@@ -1,0 +1,20 @@
+-- Every querier with its leases and the sharded tenants it serves. $1: milliseconds of silence
+-- after which an active querier is reported disconnected.
+SELECT q.querier,
+       CASE
+           WHEN q.state = 'shutting_down' THEN 'shutting_down'
+           WHEN q.last_seen < now() - $1::bigint * interval '1 millisecond' THEN 'disconnected'
+           ELSE 'active'
+       END AS state,
+       q.in_shards,
+       q.joined_at,
+       q.last_seen,
+       (SELECT count(*)
+          FROM work_items wi
+         WHERE wi.querier = q.querier
+           AND wi.status = 'running') AS leases,
+       coalesce((SELECT array_agg(ts.tenant ORDER BY ts.tenant)
+                   FROM tenant_shards ts
+                  WHERE ts.querier = q.querier), '{}') AS tenants
+  FROM queriers q
+ ORDER BY q.querier;

@@ -1,0 +1,32 @@
+-- Of the queriers that hold no lease: takes those shutting down out of the shards, and forgets
+-- those silent for longer than $1 milliseconds. Returns how many changed; shards must then be
+-- redrawn. The caller holds the membership lock.
+WITH idle AS (
+    SELECT q.querier,
+           q.state,
+           q.in_shards,
+           q.last_seen < now() - $1::bigint * interval '1 millisecond' AS silent
+      FROM queriers q
+     WHERE NOT EXISTS (
+               SELECT 1
+                 FROM work_items wi
+                WHERE wi.querier = q.querier
+                  AND wi.status = 'running'
+           )
+), forgotten AS (
+    DELETE FROM queriers q
+     USING idle
+     WHERE q.querier = idle.querier
+       AND idle.silent
+ RETURNING q.querier
+), left_shards AS (
+    UPDATE queriers q
+       SET in_shards = false
+      FROM idle
+     WHERE q.querier = idle.querier
+       AND NOT idle.silent
+       AND idle.state = 'shutting_down'
+       AND idle.in_shards
+ RETURNING q.querier
+)
+SELECT (SELECT count(*) FROM forgotten) + (SELECT count(*) FROM left_shards) AS changed;

@@ -1,0 +1,240 @@
+//! Queriers, tenants and their shards: who may serve whom. All of it lives in the database, so
+//! every broker process decides claims from the same membership.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use serde::Serialize;
+
+use super::model::{QuerierName, TenantName};
+use super::sql::{
+    self, JOIN_QUERIER, LIST_QUERIERS, LIST_TENANTS, LOCK_IDLE_TENANT_QUEUES, LOCK_MEMBERSHIP,
+    QUERIER_STATE, RECOUNT_TENANT_RUNNING, RESHARD_TENANTS, RETIRE_QUERIERS, RETIRE_TENANT_QUEUES,
+    SHUT_DOWN_QUERIER, TOUCH_QUERIER, UPSERT_TENANT,
+};
+use super::{Broker, BrokerError};
+
+/// A tenant's limits as an operator sets them.
+#[derive(Debug, Clone, Copy)]
+pub struct TenantLimits {
+    /// Queriers serving the tenant; 0 means all.
+    pub max_queriers: i32,
+    /// Ready items the tenant may have waiting; 0 means no limit.
+    pub max_outstanding: i32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TenantDocument {
+    pub tenant: String,
+    pub max_queriers: i32,
+    pub max_outstanding: i32,
+    /// Whether only `queriers` serve it (false: every querier does).
+    pub sharded: bool,
+    /// Ready items waiting.
+    pub outstanding: i64,
+    /// The queriers that serve it now.
+    pub queriers: Vec<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct QuerierDocument {
+    pub querier: String,
+    /// `active`, `shutting_down`, or `disconnected` (no request for half the forget delay).
+    pub state: String,
+    /// Whether shards are drawn from it.
+    pub in_shards: bool,
+    pub joined_at: DateTime<Utc>,
+    pub last_request_at: DateTime<Utc>,
+    pub leases: i64,
+    /// The sharded tenants whose shard holds it (unsharded tenants are served by all).
+    pub tenants: Vec<String>,
+}
+
+impl Broker {
+    /// Every work request checks in first: a new querier joins (and shards are redrawn), one
+    /// that is shutting down is refused, and last_seen moves at most a few times per delay.
+    pub(super) async fn check_in(&self, querier: &QuerierName) -> Result<(), BrokerError> {
+        let querier = querier.as_str();
+        let touch_every = self.touch_every_millis();
+        let client = self.client().await?;
+        match sql::query_opt(&client, QUERIER_STATE, &[&querier, &touch_every]).await? {
+            Some(row) if row.try_get::<_, &str>("state")? == "shutting_down" => {
+                Err(BrokerError::QuerierShuttingDown(querier.to_owned()))
+            }
+            Some(row) => {
+                if row.try_get("stale")? {
+                    self.touch(querier).await?;
+                }
+                Ok(())
+            }
+            None => {
+                let mut client = client;
+                let tx = membership_change(&mut client).await?;
+                let joined = sql::query_opt(&tx, JOIN_QUERIER, &[&querier]).await?.is_some();
+                commit_membership_change(tx, joined).await
+            }
+        }
+    }
+
+    /// Records that the querier is still there (a long poll that ends counts as a request).
+    pub(super) async fn touch(&self, querier: &str) -> Result<(), BrokerError> {
+        let client = self.client().await?;
+        sql::execute(&client, TOUCH_QUERIER, &[&querier, &self.touch_every_millis()]).await?;
+        Ok(())
+    }
+
+    fn touch_every_millis(&self) -> i64 {
+        // A quarter of the forget delay, and at least once a second: precise enough for the
+        // admin view without a write per request on the querier's shared row.
+        let every = (self.settings.querier_forget_delay / 4).min(Duration::from_secs(1));
+        i64::try_from(every.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// A querier announced its shutdown: its further work requests get 410, and it leaves its
+    /// shards once it holds no lease.
+    pub async fn shut_down_querier(&self, querier: &QuerierName) -> Result<(), BrokerError> {
+        let mut client = self.client().await?;
+        let tx = membership_change(&mut client).await?;
+        sql::execute(&tx, SHUT_DOWN_QUERIER, &[&querier.as_str()]).await?;
+        let changed = retire(&tx, self.forget_after_millis()).await?;
+        commit_membership_change(tx, changed).await
+    }
+
+    /// Retires queriers that shut down and hold no lease, forgets silent ones, and redraws
+    /// shards when anything changed. Run by the reaper and after a release.
+    pub async fn retire_queriers(&self) -> Result<(), BrokerError> {
+        let mut client = self.client().await?;
+        let tx = membership_change(&mut client).await?;
+        let changed = retire(&tx, self.forget_after_millis()).await?;
+        commit_membership_change(tx, changed).await
+    }
+
+    fn forget_after_millis(&self) -> i64 {
+        i64::try_from(self.settings.querier_forget_delay.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// Sets a tenant's limits (creating it) and redraws the shards.
+    pub async fn set_tenant(
+        &self,
+        tenant: &TenantName,
+        limits: TenantLimits,
+    ) -> Result<TenantDocument, BrokerError> {
+        let mut client = self.client().await?;
+        let tx = membership_change(&mut client).await?;
+        let params: sql::Params =
+            &[&tenant.as_str(), &limits.max_queriers, &limits.max_outstanding];
+        sql::execute(&tx, UPSERT_TENANT, params).await?;
+        sql::execute(&tx, RESHARD_TENANTS, &[]).await?;
+        let document = read_tenants(&tx, Some(tenant.as_str())).await?.pop();
+        tx.commit().await?;
+        document.ok_or_else(|| tenant_not_found(tenant.as_str()))
+    }
+
+    pub async fn tenant(&self, tenant: &TenantName) -> Result<TenantDocument, BrokerError> {
+        let client = self.client().await?;
+        read_tenants(&client, Some(tenant.as_str()))
+            .await?
+            .pop()
+            .ok_or_else(|| tenant_not_found(tenant.as_str()))
+    }
+
+    pub async fn tenants(&self) -> Result<Vec<TenantDocument>, BrokerError> {
+        let client = self.client().await?;
+        read_tenants(&client, None).await
+    }
+
+    pub async fn queriers(&self) -> Result<Vec<QuerierDocument>, BrokerError> {
+        let client = self.client().await?;
+        let disconnected_after = self.forget_after_millis() / 2;
+        sql::query(&client, LIST_QUERIERS, &[&disconnected_after])
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(QuerierDocument {
+                    querier: row.try_get("querier")?,
+                    state: row.try_get("state")?,
+                    in_shards: row.try_get("in_shards")?,
+                    joined_at: row.try_get("joined_at")?,
+                    last_request_at: row.try_get("last_seen")?,
+                    leases: row.try_get("leases")?,
+                    tenants: row.try_get("tenants")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Keeps the tenant level of the fair order tidy: retires tenant queues with nothing
+    /// claimable (so claims do not step over them), and recounts the running hints.
+    pub async fn tidy_tenant_queues(&self) -> Result<(), BrokerError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let idle = sql::query(&tx, LOCK_IDLE_TENANT_QUEUES, &[]).await?;
+        if !idle.is_empty() {
+            let column = |name: &str| -> Result<Vec<String>, BrokerError> {
+                idle.iter().map(|row| Ok(row.try_get(name)?)).collect()
+            };
+            let params: sql::Params =
+                &[&column("service")?, &column("component")?, &column("tenant")?];
+            sql::execute(&tx, RETIRE_TENANT_QUEUES, params).await?;
+        }
+        tx.commit().await?;
+        sql::execute(&client, RECOUNT_TENANT_RUNNING, &[]).await?;
+        Ok(())
+    }
+}
+
+/// Starts a transaction holding the membership lock.
+async fn membership_change(
+    client: &mut deadpool_postgres::Object,
+) -> Result<deadpool_postgres::Transaction<'_>, BrokerError> {
+    let tx = client.transaction().await?;
+    sql::query(&tx, LOCK_MEMBERSHIP, &[]).await?;
+    Ok(tx)
+}
+
+/// Redraws every shard when membership changed, and commits.
+async fn commit_membership_change(
+    tx: deadpool_postgres::Transaction<'_>,
+    changed: bool,
+) -> Result<(), BrokerError> {
+    if changed {
+        sql::execute(&tx, RESHARD_TENANTS, &[]).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+async fn retire(tx: &impl GenericClient, forget_after: i64) -> Result<bool, BrokerError> {
+    let changed: i64 =
+        sql::query_one(tx, RETIRE_QUERIERS, &[&forget_after]).await?.try_get("changed")?;
+    Ok(changed > 0)
+}
+
+fn tenant_not_found(tenant: &str) -> BrokerError {
+    BrokerError::not_found("tenant_not_found", format!("no tenant {tenant}"))
+}
+
+async fn read_tenants(
+    client: &impl GenericClient,
+    tenant: Option<&str>,
+) -> Result<Vec<TenantDocument>, BrokerError> {
+    sql::query(client, LIST_TENANTS, &[&tenant])
+        .await?
+        .iter()
+        .map(|row| {
+            Ok(TenantDocument {
+                tenant: row.try_get("tenant")?,
+                max_queriers: row.try_get("max_queriers")?,
+                max_outstanding: row.try_get("max_outstanding")?,
+                sharded: row.try_get("sharded")?,
+                outstanding: row.try_get("outstanding")?,
+                queriers: row.try_get("queriers")?,
+                created_at: row.try_get("created_at")?,
+                updated_at: row.try_get("updated_at")?,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,202 @@
+//! Multi-tenant partitioning: components first, then tenants sharded to queriers, then the
+//! broker core's order within the tenant; querier membership and tenant limits.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::helpers::{fresh_database, spawn_app, TestApp};
+
+/// Submits a one-step job on `svc` for `user` of `tenant`, with one item per component listed.
+async fn submit_items(app: &TestApp, tenant: &str, user: &str, components: &[&str]) {
+    let items: Vec<Value> = components.iter().map(|c| json!({ "component": c })).collect();
+    app.submit(json!({ "user": user, "tenant": tenant, "steps": [{ "service": "svc" }],
+                       "items": items }))
+        .await;
+}
+
+async fn claim_as(app: &TestApp, querier: &str, worker: u32) -> Option<Value> {
+    app.claim_with(&format!("service=svc&querier={querier}&worker={worker}")).await.pop()
+}
+
+async fn set_tenant(app: &TestApp, tenant: &str, max_queriers: u32, max_outstanding: u32) -> Value {
+    let response = app
+        .http
+        .put(app.url(&format!("/admin/tenants/{tenant}")))
+        .json(&json!({ "max_queriers": max_queriers, "max_outstanding": max_outstanding }))
+        .send()
+        .await
+        .expect("PUT");
+    assert_eq!(response.status(), StatusCode::OK);
+    response.json().await.expect("JSON")
+}
+
+#[tokio::test]
+async fn worker_slots_start_on_different_components() {
+    let app = spawn_app().await;
+    let components = ["alpha", "beta", "delta", "gamma"];
+    for user in ["u1", "u2"] {
+        submit_items(&app, "default", user, &components).await;
+    }
+    let mut started = Vec::new();
+    for worker in 0..4 {
+        let item = claim_as(&app, "pod-0", worker).await.expect("an item");
+        assert_eq!(item["tenant"], "default");
+        assert_eq!(item["actor"], json!([]));
+        started.push(item["component"].as_str().expect("component").to_owned());
+    }
+    // Components in name order, each slot starting at its index modulo four.
+    assert_eq!(started, components);
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn a_worker_moves_on_from_a_component_with_nothing_for_its_querier() {
+    let app = spawn_app().await;
+    for querier in ["pod-0", "pod-1", "pod-2"] {
+        assert!(claim_as(&app, querier, 0).await.is_none());
+    }
+    let shard = set_tenant(&app, "walled", 1, 0).await;
+    let outsider = ["pod-0", "pod-1", "pod-2"]
+        .into_iter()
+        .find(|querier| shard["queriers"] != json!([querier]))
+        .expect("a querier outside the shard");
+    submit_items(&app, "walled", "w", &["alpha"]).await;
+    submit_items(&app, "default", "d", &["beta"]).await;
+    // Slot 0 starts at "alpha", where only the walled tenant has work: it must move on.
+    let item = claim_as(&app, outsider, 0).await.expect("work from the next component");
+    assert_eq!(item["component"], "beta");
+    assert!(claim_as(&app, outsider, 0).await.is_none(), "the walled item is not for it");
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn a_small_tenant_is_not_starved_by_a_big_one() {
+    let app = spawn_app().await;
+    let many: Vec<&str> = vec!["unknown"; 1000];
+    submit_items(&app, "big", "b", &many).await;
+    submit_items(&app, "small", "s", &["unknown"; 10]).await;
+    let mut small_done = 0;
+    for _ in 0..20 {
+        let item = app.claim("svc").await.expect("an item");
+        if item["tenant"] == "small" {
+            small_done += 1;
+        }
+        app.succeed(&item, json!([])).await;
+    }
+    assert_eq!(small_done, 10, "the small tenant's items within the first 20 claims");
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn max_outstanding_refuses_with_429_and_stores_nothing() {
+    let app = spawn_app().await;
+    let tenant = set_tenant(&app, "capped", 0, 5).await;
+    assert_eq!(tenant["max_outstanding"], 5);
+    submit_items(&app, "capped", "c", &["unknown"; 3]).await;
+    let before = app.fingerprint().await;
+    let body = json!({ "user": "c", "tenant": "capped", "steps": [{ "service": "svc" }],
+                       "items": [{}, {}, {}] });
+    let response = app.post("/jobs", &body).await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let error: Value = response.json().await.expect("JSON");
+    assert_eq!(error["error"]["code"], "too_many_outstanding");
+    assert_eq!(app.fingerprint().await, before, "a refused job changed the database");
+    // Running items are not outstanding: claim two, and three more fit.
+    for _ in 0..2 {
+        app.claim("svc").await.expect("an item");
+    }
+    app.submit(body).await;
+    let tenant: Value = app.get("/admin/tenants/capped").await.json().await.expect("JSON");
+    assert_eq!(tenant["outstanding"], 4);
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn a_sharded_tenant_is_served_only_by_its_queriers_and_its_shard_moves_on_shutdown() {
+    let app = spawn_app().await;
+    let queriers = ["pod-0", "pod-1", "pod-2", "pod-3"];
+    for querier in queriers {
+        assert!(claim_as(&app, querier, 0).await.is_none());
+    }
+    let tenant = set_tenant(&app, "acme", 2, 0).await;
+    let shard: BTreeSet<String> =
+        serde_json::from_value(tenant["queriers"].clone()).expect("queriers");
+    assert_eq!(shard.len(), 2);
+    submit_items(&app, "acme", "a", &["unknown"; 40]).await;
+    for querier in queriers {
+        for worker in 0..3 {
+            let item = claim_as(&app, querier, worker).await;
+            assert_eq!(item.is_some(), shard.contains(querier), "{querier} worker {worker}");
+            if let Some(item) = item {
+                app.succeed(&item, json!([])).await;
+            }
+        }
+    }
+
+    let leaving = shard.iter().next().expect("a member").clone();
+    let response = app.post(&format!("/queriers/{leaving}/shutdown"), &json!({})).await;
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    let refused = app.get(&format!("/work?service=svc&querier={leaving}")).await;
+    assert_eq!(refused.status(), StatusCode::GONE);
+    let error: Value = refused.json().await.expect("JSON");
+    assert_eq!(error["error"]["code"], "querier_shutting_down");
+
+    let tenant: Value = app.get("/admin/tenants/acme").await.json().await.expect("JSON");
+    let moved: BTreeSet<String> =
+        serde_json::from_value(tenant["queriers"].clone()).expect("queriers");
+    assert_eq!(moved.len(), 2);
+    assert!(!moved.contains(&leaving), "{moved:?} still holds {leaving}");
+    assert_eq!(shard.intersection(&moved).count(), 1, "only the leaver was replaced");
+    let queriers: Value = app.get("/admin/queriers").await.json().await.expect("JSON");
+    let states: BTreeMap<String, String> = queriers["queriers"]
+        .as_array()
+        .expect("queriers")
+        .iter()
+        .map(|q| (q["querier"].as_str().unwrap_or_default().to_owned(), q["state"].to_string()))
+        .collect();
+    assert_eq!(states[&leaving], "\"shutting_down\"");
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn a_shard_moves_by_at_most_one_querier_when_one_joins_or_leaves() {
+    let config = fresh_database().await;
+    let (db, connection) = config.connect(tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    let reshard = fairway::broker::sql::RESHARD_TENANTS;
+    db.batch_execute(
+        "INSERT INTO tenants (tenant, max_queriers)
+         SELECT 'tenant-' || t, 1 + t % 5 FROM generate_series(1, 1000) t;
+         INSERT INTO queriers (querier) SELECT 'pod-' || q FROM generate_series(1, 10) q;",
+    )
+    .await
+    .expect("seed");
+    db.batch_execute(reshard).await.expect("reshard");
+    let mut before = read_shards(&db).await;
+    assert_eq!(before.len(), 1000);
+    for change in [
+        "INSERT INTO queriers (querier) VALUES ('pod-11')",
+        "DELETE FROM queriers WHERE querier = 'pod-3'",
+        "INSERT INTO queriers (querier) VALUES ('pod-12')",
+    ] {
+        db.batch_execute(change).await.expect("membership change");
+        db.batch_execute(reshard).await.expect("reshard");
+        let after = read_shards(&db).await;
+        for (tenant, old) in &before {
+            let new = &after[tenant];
+            assert_eq!(old.len(), new.len(), "{tenant}");
+            assert!(old.difference(new).count() <= 1, "{tenant}: {old:?} -> {new:?}");
+        }
+        before = after;
+    }
+}
+
+async fn read_shards(db: &tokio_postgres::Client) -> BTreeMap<String, BTreeSet<String>> {
+    let mut shards: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for row in db.query("SELECT tenant, querier FROM tenant_shards", &[]).await.expect("shards") {
+        shards.entry(row.get(0)).or_default().insert(row.get(1));
+    }
+    shards
+}
