@@ -68,8 +68,8 @@ ALTER TABLE work_items
 
 DROP INDEX user_work_claimable;
 CREATE INDEX user_work_claimable
-    ON user_work (service, component, tenant, username, is_async, last_worked NULLS FIRST,
-                  job_id, step_index)
+    ON user_work (service, component, tenant, username, actor, is_async,
+                  last_worked NULLS FIRST, job_id, step_index)
     WHERE ready_count > 0 AND NOT paused;
 
 DROP INDEX user_work_by_user;
@@ -85,11 +85,25 @@ CREATE INDEX work_items_ready ON work_items (job_id, step_index, component, id)
 -- Which leases a querier holds: it leaves its shards, or is forgotten, only when none.
 CREATE INDEX work_items_held ON work_items (querier) WHERE status = 'running';
 
--- service_users is now one row per (service, component, tenant, user).
+-- service_users is now one row per (service, component, tenant, user). The local_ columns
+-- count the user's own jobs, those without an actor path, which compete as one group with the
+-- user's first-level actors (actor_queues).
 ALTER TABLE service_users
     DROP CONSTRAINT service_users_pkey,
     ADD COLUMN component text NOT NULL DEFAULT 'unknown',
-    ADD COLUMN tenant text NOT NULL DEFAULT 'default';
+    ADD COLUMN tenant text NOT NULL DEFAULT 'default',
+    ADD COLUMN local_ready integer NOT NULL DEFAULT 0 CHECK (local_ready >= 0),
+    ADD COLUMN local_running integer NOT NULL DEFAULT 0 CHECK (local_running >= 0),
+    ADD COLUMN local_last_worked timestamptz;
+UPDATE service_users su
+   SET local_ready = su.ready_count,
+       local_running = coalesce(own.running, 0),
+       local_last_worked = own.last_worked
+  FROM (SELECT username, service, sum(running_count)::integer AS running,
+               max(last_worked) AS last_worked
+          FROM user_work
+         GROUP BY username, service) own
+ WHERE (own.username, own.service) = (su.username, su.service);
 ALTER TABLE service_users
     ALTER COLUMN component DROP DEFAULT,
     ALTER COLUMN tenant DROP DEFAULT,
@@ -99,6 +113,35 @@ DROP INDEX service_users_fair_order;
 CREATE INDEX service_users_fair_order
     ON service_users (service, component, tenant, running_count, last_worked NULLS FIRST,
                       username)
+    WHERE ready_count > 0;
+
+-- Loki's actor tree below a user, one row per (service, component, tenant, user, actor path
+-- prefix). A node's children (the actors one level down) compete with its own jobs, those whose
+-- path ends at the node (local_ columns), by work in progress, then least recently worked.
+-- Only jobs with an actor path have rows here, so a user without actors pays nothing for them.
+-- Rows are written only by transactions that hold the user's users row: exact, never contended.
+CREATE TABLE actor_queues (
+    service           text        NOT NULL,
+    component         text        NOT NULL,
+    tenant            text        NOT NULL,
+    username          text        NOT NULL REFERENCES users,
+    path              text[]      NOT NULL CHECK (cardinality(path) BETWEEN 1 AND 3),
+    parent            text[]      NOT NULL,
+    -- The whole subtree: claimable items, work in progress, last handed out.
+    ready_count       integer     NOT NULL DEFAULT 0 CHECK (ready_count >= 0),
+    running_count     integer     NOT NULL DEFAULT 0 CHECK (running_count >= 0),
+    last_worked       timestamptz,
+    -- Jobs whose path is exactly this one.
+    local_ready       integer     NOT NULL DEFAULT 0 CHECK (local_ready >= 0),
+    local_running     integer     NOT NULL DEFAULT 0 CHECK (local_running >= 0),
+    local_last_worked timestamptz,
+    PRIMARY KEY (username, service, component, tenant, path),
+    CHECK (parent = path[1:cardinality(path) - 1])
+) WITH (fillfactor = 50);
+
+CREATE INDEX actor_queues_fair_order
+    ON actor_queues (username, service, component, tenant, parent, running_count,
+                     last_worked NULLS FIRST, path)
     WHERE ready_count > 0;
 
 -- The tenant level of the fair order, per (service, component). Unlike the user level, its

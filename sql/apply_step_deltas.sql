@@ -1,7 +1,7 @@
 -- Moves the item counts of job $1's step $2, component $3, by the deltas $4 ready, $5 running,
--- $6 successful, $7 failed, $8 canceled, and keeps the user's users and service_users rows in
--- step, in the transaction that moved the items. The caller holds the user's users row, and has
--- created the rows (create_step_queues.sql). Returns the step's service; whether the user's
+-- $6 successful, $7 failed, $8 canceled, and keeps the user's users, service_users and
+-- actor_queues rows in step, in the transaction that moved the items. The caller holds the
+-- user's users row, and has created the rows (create_step_queues.sql). Returns the step's service; whether the user's
 -- claimable work for it went from none to some (only then can a worker of the service be
 -- waiting, so only then is a notification worth its commit-time lock); and how many items of
 -- the whole job are still ready or running.
@@ -19,7 +19,7 @@ WITH step AS (
      WHERE job_id = $1
        AND step_index = $2
        AND component = $3
- RETURNING username, service, component, tenant, paused, ready_count, running_count
+ RETURNING username, service, component, tenant, actor, paused, ready_count, running_count
 ), user_counts AS (
     UPDATE users u
        SET running_count = u.running_count + $5
@@ -28,21 +28,39 @@ WITH step AS (
        AND $5 <> 0
  RETURNING u.username, u.running_count
 ), queue_counts AS (
+    -- The step's queue row moves by the deltas, its own-jobs counts too when the job has no
+    -- actor path; it and every other row of the user take the new running copy.
     UPDATE service_users su
        SET running_count = coalesce(uc.running_count, su.running_count),
-           ready_count = su.ready_count
-               + CASE WHEN (su.service, su.component, su.tenant)
-                           = (step.service, step.component, step.tenant)
-                       AND NOT step.paused
-                      THEN $4 ELSE 0 END
+           ready_count = su.ready_count + CASE WHEN step.paused THEN 0 ELSE $4 END,
+           local_ready = su.local_ready
+               + CASE WHEN cardinality(step.actor) = 0 AND NOT step.paused THEN $4 ELSE 0 END,
+           local_running = su.local_running
+               + CASE WHEN cardinality(step.actor) = 0 THEN $5 ELSE 0 END
       FROM step
       LEFT JOIN user_counts uc ON true
-     WHERE su.username = step.username
-       AND (uc.username IS NOT NULL
-            OR ((su.service, su.component, su.tenant) = (step.service, step.component, step.tenant)
-                AND NOT step.paused
-                AND $4 <> 0))
+     WHERE (su.username, su.service, su.component, su.tenant)
+           = (step.username, step.service, step.component, step.tenant)
  RETURNING su.service, su.component, su.tenant, su.ready_count
+), other_queues AS (
+    UPDATE service_users su
+       SET running_count = uc.running_count
+      FROM step, user_counts uc
+     WHERE su.username = step.username
+       AND (su.service, su.component, su.tenant) <> (step.service, step.component, step.tenant)
+), actor_counts AS (
+    -- Every node on the job's actor path: its subtree, and its own jobs at the end.
+    UPDATE actor_queues a
+       SET ready_count = a.ready_count + CASE WHEN step.paused THEN 0 ELSE $4 END,
+           running_count = a.running_count + $5,
+           local_ready = a.local_ready
+               + CASE WHEN a.path = step.actor AND NOT step.paused THEN $4 ELSE 0 END,
+           local_running = a.local_running + CASE WHEN a.path = step.actor THEN $5 ELSE 0 END
+      FROM step
+     WHERE (a.username, a.service, a.component, a.tenant)
+           = (step.username, step.service, step.component, step.tenant)
+       AND (a.path = step.actor[1:1] OR a.path = step.actor[1:2] OR a.path = step.actor[1:3])
+       AND ($4 <> 0 OR $5 <> 0)
 ), became_claimable AS (
     SELECT EXISTS (
                SELECT 1

@@ -41,7 +41,10 @@ WITH item_counts AS (
       LEFT JOIN user_totals t ON t.username = u.username
 ), claimable AS (
     SELECT username, service, component, tenant,
-           coalesce(sum(ready_count) FILTER (WHERE NOT paused), 0) AS ready
+           coalesce(sum(ready_count) FILTER (WHERE NOT paused), 0) AS ready,
+           coalesce(sum(ready_count) FILTER (WHERE NOT paused AND actor = '{}'), 0) AS local_ready,
+           coalesce(sum(running_count) FILTER (WHERE actor = '{}'), 0) AS local_running,
+           max(last_worked) FILTER (WHERE actor = '{}') AS local_last_worked
       FROM user_work
      GROUP BY username, service, component, tenant
 ), queue_counts AS (
@@ -51,15 +54,48 @@ WITH item_counts AS (
            username,
            jsonb_build_object(
                'ready_count', su.ready_count, 'running_count', su.running_count,
-               'last_worked', su.last_worked
+               'last_worked', su.last_worked, 'local_ready', su.local_ready,
+               'local_running', su.local_running, 'local_last_worked', su.local_last_worked
            ) AS recorded,
            jsonb_build_object(
                'ready_count', coalesce(c.ready, 0), 'running_count', u.running_count,
-               'last_worked', u.last_worked
+               'last_worked', u.last_worked, 'local_ready', coalesce(c.local_ready, 0),
+               'local_running', coalesce(c.local_running, 0),
+               'local_last_worked', c.local_last_worked
            ) AS actual
       FROM service_users su
       FULL JOIN claimable c USING (service, component, tenant, username)
       LEFT JOIN users u USING (username)
+), actor_totals AS (
+    -- Each job's step counts, once for every node on its actor path.
+    SELECT uw.username, uw.service, uw.component, uw.tenant, uw.actor[1:depth] AS path,
+           coalesce(sum(uw.ready_count) FILTER (WHERE NOT uw.paused), 0) AS ready,
+           sum(uw.running_count) AS running,
+           max(uw.last_worked) AS last_worked,
+           coalesce(sum(uw.ready_count)
+                        FILTER (WHERE NOT uw.paused AND cardinality(uw.actor) = depth), 0)
+               AS local_ready,
+           coalesce(sum(uw.running_count) FILTER (WHERE cardinality(uw.actor) = depth), 0)
+               AS local_running,
+           max(uw.last_worked) FILTER (WHERE cardinality(uw.actor) = depth) AS local_last_worked
+      FROM user_work uw
+     CROSS JOIN LATERAL generate_series(1, cardinality(uw.actor)) AS depth
+     GROUP BY uw.username, uw.service, uw.component, uw.tenant, uw.actor[1:depth]
+), actor_counts AS (
+    SELECT username, service, component, tenant, path,
+           jsonb_build_object(
+               'ready_count', a.ready_count, 'running_count', a.running_count,
+               'last_worked', a.last_worked, 'local_ready', a.local_ready,
+               'local_running', a.local_running, 'local_last_worked', a.local_last_worked
+           ) AS recorded,
+           jsonb_build_object(
+               'ready_count', coalesce(t.ready, 0), 'running_count', coalesce(t.running, 0),
+               'last_worked', t.last_worked, 'local_ready', coalesce(t.local_ready, 0),
+               'local_running', coalesce(t.local_running, 0),
+               'local_last_worked', t.local_last_worked
+           ) AS actual
+      FROM actor_queues a
+      FULL JOIN actor_totals t USING (username, service, component, tenant, path)
 ), unlisted_tenants AS (
     -- Claims find a tenant's work only through an active tenant_queues row.
     SELECT DISTINCT c.service, c.component, c.tenant
@@ -89,6 +125,14 @@ SELECT 'service_users',
        recorded,
        actual
   FROM queue_counts
+ WHERE recorded <> actual
+UNION ALL
+SELECT 'actor_queues',
+       jsonb_build_object('service', service, 'component', component, 'tenant', tenant,
+                          'user', username, 'actor', path),
+       recorded,
+       actual
+  FROM actor_counts
  WHERE recorded <> actual
 UNION ALL
 SELECT 'tenant_queues',

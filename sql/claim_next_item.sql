@@ -89,16 +89,83 @@ WITH RECURSIVE components AS (
      -- No ORDER BY: visits come out of generate_series in turn order, and the first hit ends
      -- the scan. Sorting would evaluate (and lock a user in) every component first.
      LIMIT 1
+), own AS (
+    -- The chosen user's row for this queue: its own jobs' counts (no actor path).
+    SELECT su.username, su.component, su.tenant, su.local_ready, su.local_running,
+           su.local_last_worked
+      FROM service_users su
+     WHERE (su.username, su.service, su.component, su.tenant)
+           = (SELECT username, $1, component, tenant FROM chosen_user WHERE NOT stale)
+), path_1 AS (
+    -- Down the actor tree, a level at a time: a node's best child actor goes before the node's
+    -- own jobs when it has less work in progress, or as much and was worked less recently.
+    -- NULL last_worked counts as longest ago. `settled`: the node's own jobs won.
+    SELECT coalesce(child.path, '{}') AS path, child.path IS NULL AS settled
+      FROM own
+      LEFT JOIN LATERAL (
+            SELECT a.path, a.running_count, a.last_worked
+              FROM actor_queues a
+             WHERE (a.username, a.service, a.component, a.tenant, a.parent)
+                   = (own.username, $1, own.component, own.tenant, '{}')
+               AND a.ready_count > 0
+             ORDER BY a.running_count, a.last_worked NULLS FIRST, a.path
+             LIMIT 1
+           ) child
+        ON own.local_ready = 0
+        OR (child.running_count, coalesce(child.last_worked, '-infinity'))
+           < (own.local_running, coalesce(own.local_last_worked, '-infinity'))
+), path_2 AS (
+    SELECT coalesce(child.path, p.path) AS path, p.settled OR child.path IS NULL AS settled
+      FROM path_1 p
+      JOIN own ON true
+      LEFT JOIN actor_queues node
+        ON (node.username, node.service, node.component, node.tenant, node.path)
+           = (own.username, $1, own.component, own.tenant, p.path)
+       AND NOT p.settled
+      LEFT JOIN LATERAL (
+            SELECT a.path, a.running_count, a.last_worked
+              FROM actor_queues a
+             WHERE (a.username, a.service, a.component, a.tenant, a.parent)
+                   = (own.username, $1, own.component, own.tenant, node.path)
+               AND a.ready_count > 0
+             ORDER BY a.running_count, a.last_worked NULLS FIRST, a.path
+             LIMIT 1
+           ) child
+        ON node.local_ready = 0
+        OR (child.running_count, coalesce(child.last_worked, '-infinity'))
+           < (node.local_running, coalesce(node.local_last_worked, '-infinity'))
+), chosen_path AS (
+    SELECT coalesce(child.path, p.path) AS path
+      FROM path_2 p
+      JOIN own ON true
+      LEFT JOIN actor_queues node
+        ON (node.username, node.service, node.component, node.tenant, node.path)
+           = (own.username, $1, own.component, own.tenant, p.path)
+       AND NOT p.settled
+      LEFT JOIN LATERAL (
+            SELECT a.path, a.running_count, a.last_worked
+              FROM actor_queues a
+             WHERE (a.username, a.service, a.component, a.tenant, a.parent)
+                   = (own.username, $1, own.component, own.tenant, node.path)
+               AND a.ready_count > 0
+             ORDER BY a.running_count, a.last_worked NULLS FIRST, a.path
+             LIMIT 1
+           ) child
+        ON node.local_ready = 0
+        OR (child.running_count, coalesce(child.last_worked, '-infinity'))
+           < (node.local_running, coalesce(node.local_last_worked, '-infinity'))
 ), chosen_step AS (
     -- Compared with scalar subqueries rather than joined, so that the index's leading columns
     -- are bound and it yields rows already in order: no sort of the user's jobs or the job's
     -- items, however many there are.
-    SELECT uw.job_id, uw.step_index, uw.component, uw.tenant, uw.actor
+    SELECT uw.job_id, uw.step_index, uw.component, uw.tenant, uw.actor,
+           CASE WHEN cardinality(uw.actor) = 0 THEN 1 ELSE 0 END AS own_job
       FROM user_work uw
      WHERE uw.service = $1
-       AND uw.component = (SELECT component FROM chosen_user WHERE NOT stale)
-       AND uw.tenant = (SELECT tenant FROM chosen_user WHERE NOT stale)
-       AND uw.username = (SELECT username FROM chosen_user WHERE NOT stale)
+       AND uw.component = (SELECT component FROM own)
+       AND uw.tenant = (SELECT tenant FROM own)
+       AND uw.username = (SELECT username FROM own)
+       AND uw.actor = (SELECT path FROM chosen_path)
        AND uw.ready_count > 0
        AND NOT uw.paused
      ORDER BY uw.is_async, uw.last_worked NULLS FIRST, uw.job_id, uw.step_index
@@ -146,15 +213,41 @@ WITH RECURSIVE components AS (
      WHERE u.username = cu.username
  RETURNING u.username, u.running_count, u.last_worked
 ), queue_counts AS (
+    -- Every row of the user takes the new copies; the claimed queue's row also its counts, and
+    -- its own-jobs counts when the job has no actor path (`own_job`: 1 or 0).
     UPDATE service_users su
        SET running_count = uc.running_count,
            last_worked = uc.last_worked,
-           ready_count = su.ready_count
-               - CASE WHEN (su.service, su.component, su.tenant) = ($1, cu.component, cu.tenant)
-                      THEN 1 ELSE 0 END
-      FROM user_counts uc, chosen_user cu
-     WHERE su.username = uc.username
+           ready_count = su.ready_count - 1,
+           local_ready = su.local_ready - cs.own_job,
+           local_running = su.local_running + cs.own_job,
+           local_last_worked = CASE WHEN cs.own_job = 1 THEN uc.last_worked
+                                    ELSE su.local_last_worked END
+      FROM user_counts uc, chosen_step cs
+     WHERE (su.username, su.service, su.component, su.tenant)
+           = (uc.username, $1, cs.component, cs.tenant)
  RETURNING su.username
+), other_queues AS (
+    UPDATE service_users su
+       SET running_count = uc.running_count,
+           last_worked = uc.last_worked
+      FROM user_counts uc, chosen_step cs
+     WHERE su.username = uc.username
+       AND (su.service, su.component, su.tenant) <> ($1, cs.component, cs.tenant)
+), actor_counts AS (
+    -- Every node on the claimed job's actor path: its subtree, and its own jobs at the end.
+    UPDATE actor_queues a
+       SET ready_count = a.ready_count - 1,
+           running_count = a.running_count + 1,
+           last_worked = uc.last_worked,
+           local_ready = a.local_ready - CASE WHEN a.path = cs.actor THEN 1 ELSE 0 END,
+           local_running = a.local_running + CASE WHEN a.path = cs.actor THEN 1 ELSE 0 END,
+           local_last_worked = CASE WHEN a.path = cs.actor THEN uc.last_worked
+                                    ELSE a.local_last_worked END
+      FROM user_counts uc, chosen_step cs
+     WHERE (a.username, a.service, a.component, a.tenant)
+           = (uc.username, $1, cs.component, cs.tenant)
+       AND (a.path = cs.actor[1:1] OR a.path = cs.actor[1:2] OR a.path = cs.actor[1:3])
 ), tenant_turn AS (
     -- After queue_counts (it reads its output), keeping the lock order.
     UPDATE tenant_queues tq

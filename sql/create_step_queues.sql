@@ -1,5 +1,6 @@
 -- Makes sure job $1's step $2 has a user_work row for each component in $3, and its user a
--- service_users row for each, so that counter changes only ever update rows. The caller holds
+-- service_users row and an actor_queues row per actor path prefix for each, so that counter
+-- changes only ever update rows. The caller holds
 -- the user's users row, so the copied counters are current.
 WITH step AS (
     SELECT j.job_id, s.step_index, s.service, j.username, j.is_async, j.tenant, j.actor,
@@ -15,6 +16,13 @@ WITH step AS (
            step.is_async, step.tenant, step.actor, step.paused
       FROM step, unnest($3::text[]) AS c(component)
         ON CONFLICT (job_id, step_index, component) DO NOTHING
+), actor_rows AS (
+    INSERT INTO actor_queues (service, component, tenant, username, path, parent)
+    SELECT step.service, c.component, step.tenant, step.username, step.actor[1:depth],
+           step.actor[1:depth - 1]
+      FROM step, unnest($3::text[]) AS c(component),
+           generate_series(1, cardinality(step.actor)) AS depth
+        ON CONFLICT (username, service, component, tenant, path) DO NOTHING
 )
 INSERT INTO service_users (service, component, tenant, username, running_count, last_worked)
 SELECT step.service, c.component, step.tenant, u.username, u.running_count, u.last_worked

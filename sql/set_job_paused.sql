@@ -1,32 +1,43 @@
 -- Pauses ($2 true) or resumes ($2 false) job $1's steps: their ready items leave or rejoin the
--- user's claimable counts. Resuming marks the tenants' queues active (see apply_step_deltas).
--- Returns each service whose claimable count changed.
+-- claimable counts of the user's queues and actor nodes. Resuming marks the tenants' queues
+-- active (see apply_step_deltas). Returns each service whose claimable count changed.
 WITH steps AS (
     UPDATE user_work
        SET paused = $2
      WHERE job_id = $1
        AND paused <> $2
- RETURNING username, service, component, tenant, ready_count
+ RETURNING username, service, component, tenant, actor, ready_count
 ), per_queue AS (
-    SELECT username, service, component, tenant, sum(ready_count)::integer AS ready
+    -- One job, so one actor path for all its rows.
+    SELECT username, service, component, tenant, actor,
+           CASE WHEN $2 THEN -1 ELSE 1 END * sum(ready_count)::integer AS delta
       FROM steps
-     GROUP BY username, service, component, tenant
+     GROUP BY username, service, component, tenant, actor
 ), queue_counts AS (
     UPDATE service_users su
-       SET ready_count = su.ready_count + CASE WHEN $2 THEN -pq.ready ELSE pq.ready END
+       SET ready_count = su.ready_count + pq.delta,
+           local_ready = su.local_ready
+               + CASE WHEN cardinality(pq.actor) = 0 THEN pq.delta ELSE 0 END
       FROM per_queue pq
      WHERE (su.username, su.service, su.component, su.tenant)
            = (pq.username, pq.service, pq.component, pq.tenant)
  RETURNING su.service
+), actor_counts AS (
+    UPDATE actor_queues a
+       SET ready_count = a.ready_count + pq.delta,
+           local_ready = a.local_ready + CASE WHEN a.path = pq.actor THEN pq.delta ELSE 0 END
+      FROM per_queue pq
+     WHERE (a.username, a.service, a.component, a.tenant)
+           = (pq.username, pq.service, pq.component, pq.tenant)
+       AND (a.path = pq.actor[1:1] OR a.path = pq.actor[1:2] OR a.path = pq.actor[1:3])
 ), tenants_activated AS (
     INSERT INTO tenant_queues AS tq (service, component, tenant)
     SELECT DISTINCT pq.service, pq.component, pq.tenant
       FROM per_queue pq
-     WHERE NOT $2
-       AND pq.ready > 0
+     WHERE pq.delta > 0
        AND EXISTS (SELECT 1 FROM queue_counts)
         ON CONFLICT (service, component, tenant) DO UPDATE SET active = true
 )
 SELECT DISTINCT pq.service
   FROM per_queue pq
- WHERE pq.ready > 0;
+ WHERE pq.delta > 0;

@@ -14,8 +14,8 @@ const USERS: i32 = 10_000;
 const ITEMS: i32 = 1_000_000;
 
 /// A thousand tenants (a tenth of them sharded over ten queriers), ten users each, two jobs per
-/// user (one synchronous), a million ready items dealt over them and two components, a share of
-/// them finished, and counters to match; then statistics, as autovacuum would leave them.
+/// user (one synchronous, half of those under a two-level actor path), a million ready items
+/// dealt over them and two components, a share of them finished, and counters to match; then statistics, as autovacuum would leave them.
 const SEED: &str = "
 INSERT INTO tenants (tenant, max_queriers, sharded)
 SELECT 'tenant-' || t, CASE WHEN t % 10 = 0 THEN 3 ELSE 0 END, t % 10 = 0
@@ -28,7 +28,8 @@ SELECT t.tenant, 'pod-' || ((hashtext(t.tenant) & 7) + k)
 INSERT INTO users (username) SELECT 'user-' || u FROM generate_series(1, $USERS) u;
 INSERT INTO jobs (job_id, username, is_async, tenant, actor)
 SELECT md5('job-' || u || '-' || j)::uuid, 'user-' || u, j = 2, 'tenant-' || (u % $TENANTS + 1),
-       '{}'
+       CASE WHEN j = 2 AND u % 2 = 0 THEN ARRAY['dash-' || u % 7, 'panel-' || u % 3]
+            ELSE '{}' END
   FROM generate_series(1, $USERS) u, generate_series(1, 2) j;
 INSERT INTO job_steps (job_id, step_index, service, aggregate) SELECT job_id, 0, 'svc', false FROM jobs;
 INSERT INTO user_work (job_id, step_index, component, username, service, is_async, tenant, actor)
@@ -44,9 +45,16 @@ UPDATE user_work uw SET ready_count = c.ready, successful_count = c.done
                count(*) FILTER (WHERE status = 'successful') AS done
           FROM work_items GROUP BY job_id, component) c
  WHERE (c.job_id, c.component) = (uw.job_id, uw.component);
-INSERT INTO service_users (service, component, tenant, username, ready_count)
-SELECT 'svc', component, tenant, username, sum(ready_count)
+INSERT INTO service_users (service, component, tenant, username, ready_count, local_ready)
+SELECT 'svc', component, tenant, username, sum(ready_count),
+       coalesce(sum(ready_count) FILTER (WHERE actor = '{}'), 0)
   FROM user_work GROUP BY component, tenant, username;
+INSERT INTO actor_queues (service, component, tenant, username, path, parent, ready_count,
+                          local_ready)
+SELECT 'svc', component, tenant, username, actor[1:depth], actor[1:depth - 1],
+       sum(ready_count), coalesce(sum(ready_count) FILTER (WHERE cardinality(actor) = depth), 0)
+  FROM user_work, generate_series(1, cardinality(actor)) depth
+ GROUP BY component, tenant, username, actor[1:depth], actor[1:depth - 1];
 INSERT INTO tenant_queues (service, component, tenant)
 SELECT DISTINCT service, component, tenant FROM service_users;
 ";

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{fresh_database, spawn_app, TestApp};
+use crate::helpers::{default_args, fresh_database, spawn_app, spawn_app_with, TestApp};
 
 /// Submits a one-step job on `svc` for `user` of `tenant`, with one item per component listed.
 async fn submit_items(app: &TestApp, tenant: &str, user: &str, components: &[&str]) {
@@ -199,4 +199,230 @@ async fn read_shards(db: &tokio_postgres::Client) -> BTreeMap<String, BTreeSet<S
         shards.entry(row.get(0)).or_default().insert(row.get(1));
     }
     shards
+}
+
+#[tokio::test]
+async fn two_actors_under_one_user_share_the_worker() {
+    let app = spawn_app().await;
+    let job = |actor: &str, items: usize| {
+        json!({ "user": "grafana", "actor": [actor, "panel-1"], "steps": [{ "service": "svc" }],
+                "items": vec![json!({}); items] })
+    };
+    app.submit(job("dashboard-big", 1000)).await;
+    app.submit(job("dashboard-small", 10)).await;
+    let mut small_done = 0;
+    for _ in 0..20 {
+        let item = app.claim("svc").await.expect("an item");
+        assert_eq!(item["user"], "grafana");
+        if item["actor"][0] == "dashboard-small" {
+            small_done += 1;
+        }
+        app.succeed(&item, json!([])).await;
+    }
+    assert_eq!(small_done, 10, "the small actor's items within the first 20 claims");
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn a_users_own_jobs_take_turns_with_its_actors() {
+    let app = spawn_app().await;
+    let job = |actor: Value| {
+        json!({ "user": "u", "actor": actor, "steps": [{ "service": "svc" }],
+                "items": vec![json!({}); 6] })
+    };
+    app.submit(job(json!([]))).await;
+    app.submit(job(json!(["a"]))).await;
+    app.submit(job(json!(["b", "deep", "deeper"]))).await;
+    let mut order = Vec::new();
+    for _ in 0..6 {
+        let item = app.claim("svc").await.expect("an item");
+        order.push(item["actor"].get(0).and_then(Value::as_str).unwrap_or("own").to_owned());
+        app.succeed(&item, json!([])).await;
+    }
+    // Each of the three groups twice, in turn: own jobs win ties (never worked, no work).
+    assert_eq!(order, ["own", "a", "b", "own", "a", "b"]);
+    app.assert_consistent().await;
+}
+
+/// The reference's failure case: one component's items are held for seconds, another's are
+/// quick. With four worker slots per querier, two start on each component, so the quick items
+/// keep flowing while the slow backlog waits for its two workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_component_does_not_hold_up_a_fast_one() {
+    const FAST_ITEMS: usize = 40;
+    const SLOW_HOLD: std::time::Duration = std::time::Duration::from_secs(3);
+    let app = std::sync::Arc::new(spawn_app().await);
+    // The slow component and its users sort first: without the split they would win every tie.
+    for user in 0..8 {
+        submit_items(&app, "default", &format!("a-slow-{user}"), &["archive"]).await;
+    }
+    for n in 0..FAST_ITEMS {
+        let at = chrono::Utc::now().timestamp_millis();
+        app.submit(json!({ "user": format!("fast-{}", n % 4), "steps": [{ "service": "svc" }],
+                           "items": [{ "component": "recent", "payload": { "at": at } }] }))
+            .await;
+    }
+    let fast_done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for worker in 0..4 {
+        let (app, fast_done) = (app.clone(), fast_done.clone());
+        workers.push(tokio::spawn(async move {
+            let mut waits = Vec::new();
+            while fast_done.load(std::sync::atomic::Ordering::SeqCst) < FAST_ITEMS {
+                let Some(item) = claim_as(&app, "pod-0", worker).await else { break };
+                if item["component"] == "archive" {
+                    tokio::time::sleep(SLOW_HOLD).await;
+                } else {
+                    let at = item["payload"]["at"].as_i64().expect("submission time");
+                    waits.push(chrono::Utc::now().timestamp_millis() - at);
+                    fast_done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                app.succeed(&item, json!([])).await;
+            }
+            waits
+        }));
+    }
+    let mut waits = Vec::new();
+    for worker in workers {
+        waits.extend(worker.await.expect("worker"));
+    }
+    waits.sort_unstable();
+    assert_eq!(waits.len(), FAST_ITEMS, "every fast item was served");
+    let slow_left: i64 = app
+        .db
+        .query_one(
+            "SELECT count(*) FROM work_items WHERE component = 'archive' AND status = 'ready'",
+            &[],
+        )
+        .await
+        .expect("count")
+        .get(0);
+    assert!(slow_left > 0, "the slow backlog persisted while the fast items went through");
+    // Generous for a shared machine; one slow item alone holds its worker for 3 s.
+    let median = waits[waits.len() / 2];
+    assert!(median < 1500, "fast items' median queue time {median} ms: {waits:?}");
+}
+
+#[tokio::test]
+async fn the_forget_delay_forgets_a_silent_querier_and_not_a_busy_one() {
+    let mut args = default_args();
+    args.querier_forget_delay = std::time::Duration::from_millis(300);
+    args.reap_interval = std::time::Duration::from_millis(50);
+    let app = spawn_app_with(args).await;
+    submit_items(&app, "default", "u", &["unknown"]).await;
+    let busy = claim_as(&app, "busy", 0).await.expect("an item");
+    assert!(claim_as(&app, "silent", 0).await.is_none());
+    let members = |queriers: Value| -> BTreeSet<String> {
+        queriers["queriers"]
+            .as_array()
+            .expect("queriers")
+            .iter()
+            .filter_map(|q| q["querier"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let queriers: Value = app.get("/admin/queriers").await.json().await.expect("JSON");
+        let names = members(queriers.clone());
+        assert!(names.contains("busy"), "a querier holding a lease was forgotten: {queriers}");
+        if !names.contains("silent") {
+            let busy_row = &queriers["queriers"][0];
+            assert_eq!(busy_row["leases"], 1, "{queriers}");
+            assert_eq!(busy_row["state"], "disconnected", "silent, but holding a lease");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "silent querier never forgotten");
+        tokio::task::yield_now().await;
+    }
+    app.succeed(&busy, json!([])).await;
+    app.assert_consistent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claimers_from_many_queriers_on_two_brokers_get_each_item_once() {
+    let first = spawn_app().await;
+    let second = crate::helpers::spawn_broker(default_args(), first.config.clone()).await;
+    for querier in 0..6 {
+        assert!(claim_as(&first, &format!("pod-{querier}"), 0).await.is_none());
+    }
+    set_tenant(&first, "t-sharded", 2, 0).await;
+    let mut expected = 0;
+    for (tenant, user) in [("t-sharded", "a"), ("t-open", "b"), ("default", "c"), ("t-open", "d")] {
+        for components in [["ingester", "store-gateway", "unknown"]; 20] {
+            submit_items(&first, tenant, user, &components).await;
+            expected += components.len();
+        }
+    }
+    let brokers = [std::sync::Arc::new(first), std::sync::Arc::new(second)];
+    let mut workers = Vec::new();
+    for claimer in 0..24 {
+        let app = brokers[claimer % 2].clone();
+        workers.push(tokio::spawn(async move {
+            let querier = format!("pod-{}", claimer % 6);
+            let mut ids = Vec::new();
+            while let Some(item) = claim_as(&app, &querier, (claimer / 6) as u32).await {
+                ids.push(item["id"].as_i64().expect("id"));
+                app.succeed(&item, json!([])).await;
+            }
+            ids
+        }));
+    }
+    let mut ids = Vec::new();
+    for worker in workers {
+        ids.extend(worker.await.expect("worker"));
+    }
+    let unique: BTreeSet<i64> = ids.iter().copied().collect();
+    assert_eq!(unique.len(), ids.len(), "an item was handed out twice");
+    assert_eq!(ids.len(), expected, "every item handed out");
+    brokers[0].assert_consistent().await;
+}
+
+#[tokio::test]
+async fn bad_tenant_and_querier_requests_are_refused() {
+    let app = spawn_app().await;
+    submit_items(&app, "default", "u", &["unknown"]).await;
+    let before = app.fingerprint().await;
+    let long = "x".repeat(256);
+    let put = |tenant: String, body: Value| {
+        let app = &app;
+        async move {
+            app.http
+                .put(app.url(&format!("/admin/tenants/{tenant}")))
+                .json(&body)
+                .send()
+                .await
+                .expect("PUT")
+        }
+    };
+    let cases = [
+        (
+            put("acme".into(), json!({ "max_queriers": -1, "max_outstanding": 0 })).await,
+            "invalid_body",
+        ),
+        (put("acme".into(), json!({ "max_queriers": 1 })).await, "invalid_body"),
+        (
+            put("acme".into(), json!({ "max_queriers": 1, "max_outstanding": 0, "x": 1 })).await,
+            "invalid_body",
+        ),
+        (
+            put("acme".into(), json!({ "max_queriers": 3_000_000_000_u64, "max_outstanding": 0 }))
+                .await,
+            "invalid_body",
+        ),
+        (
+            put(long.clone(), json!({ "max_queriers": 1, "max_outstanding": 0 })).await,
+            "invalid_tenant",
+        ),
+        (app.get(&format!("/admin/tenants/{long}")).await, "invalid_tenant"),
+        (app.post(&format!("/queriers/{long}/shutdown"), &json!({})).await, "invalid_querier"),
+    ];
+    for (response, code) in cases {
+        let status = response.status();
+        let body: Value = response.json().await.expect("JSON error");
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(body["error"]["code"], code, "{body}");
+    }
+    let missing = app.get("/admin/tenants/nobody").await;
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    assert_eq!(app.fingerprint().await, before);
 }
