@@ -5,9 +5,10 @@ SELECT t.tenant,
        t.max_outstanding,
        t.sharded,
        (SELECT coalesce(sum(uw.ready_count), 0)
-          FROM user_work uw
-         WHERE uw.tenant = t.tenant
-           AND uw.ready_count > 0)::bigint AS outstanding,
+          FROM jobs j
+          JOIN user_work uw ON uw.job_id = j.job_id
+         WHERE j.tenant = t.tenant
+           AND j.status IN ('accepted', 'running', 'paused'))::bigint AS outstanding,
        CASE
            WHEN t.sharded THEN
                coalesce((SELECT array_agg(ts.querier ORDER BY ts.querier)

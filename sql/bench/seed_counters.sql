@@ -1,5 +1,5 @@
 -- Brings every counter in line with freshly seeded or reset work items: the broker's own
--- (user_work, users, service_users, tenant_queues) and Harmony's, all idle and never worked.
+-- (user_work, users, service_users, tenant_queues; seeded jobs have no actor path) and Harmony's, all idle and never worked.
 UPDATE jobs SET status = 'accepted';
 UPDATE user_work uw
    SET ready_count = c.ready, running_count = 0, successful_count = 0, failed_count = 0,
@@ -9,7 +9,8 @@ UPDATE user_work uw
  WHERE (c.job_id, c.step_index, c.component) = (uw.job_id, uw.step_index, uw.component);
 UPDATE users SET running_count = 0, last_worked = NULL;
 UPDATE service_users su
-   SET ready_count = c.ready, running_count = 0, last_worked = NULL
+   SET ready_count = c.ready, running_count = 0, last_worked = NULL,
+       local_ready = c.ready, local_running = 0, local_last_worked = NULL
   FROM (SELECT service, component, tenant, username, sum(ready_count)::integer AS ready
           FROM user_work GROUP BY service, component, tenant, username) c
  WHERE (c.service, c.component, c.tenant, c.username)

@@ -43,6 +43,8 @@ pub enum BenchError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Unexpected(String),
+    #[error("{0} claims or completions failed; the results are written, but do not trust them")]
+    RunsFailed(u64),
 }
 
 impl From<EmbeddedError> for BenchError {
@@ -62,6 +64,11 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
     report.write(&args.out)?;
     println!("\n{}", report.markdown());
     println!("results written to {}", args.out.display());
+    // A claim path that errors measures nothing: fail the run, so that CI notices.
+    let errors: u64 = report.runs.iter().map(|run| run.errors).sum();
+    if errors > 0 {
+        return Err(BenchError::RunsFailed(errors));
+    }
     Ok(())
 }
 

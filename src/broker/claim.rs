@@ -26,6 +26,15 @@ enum Look {
     /// Work exists, but every user who has it is held by another transaction right now.
     Contended,
     Nothing,
+    /// The querier has not joined yet: nothing was looked at.
+    NotMember,
+}
+
+/// What one claim statement did.
+enum Claim {
+    Item(Box<WorkItem>),
+    Nothing,
+    NotMember,
 }
 
 impl Broker {
@@ -36,7 +45,6 @@ impl Broker {
     /// the claim waits here for one of them to be released rather than answer "no work", and
     /// rather than queue inside PostgreSQL on a row lock while holding a connection.
     pub async fn claim(&self, request: &ClaimRequest) -> Result<Vec<WorkItem>, BrokerError> {
-        self.check_in(&request.querier).await?;
         let signal = self.signals.for_service(request.service.as_str());
         let deadline = Instant::now() + CONTENDED_LIMIT;
         loop {
@@ -48,6 +56,7 @@ impl Broker {
                     return Ok(items);
                 }
                 Look::Nothing => return Ok(Vec::new()),
+                Look::NotMember => self.join_querier(request.querier.as_str()).await?,
                 Look::Contended if Instant::now() >= deadline => return Ok(Vec::new()),
                 Look::Contended => {
                     let _ = tokio::time::timeout(RELEASE_POLL, released).await;
@@ -60,17 +69,24 @@ impl Broker {
         let mut client = self.client().await?;
         let service = request.service.as_str();
         let lease = self.lease_millis();
-        let params: sql::Params = &[&service, &request.querier.as_str(), &request.worker, &lease];
+        let querier = request.querier.as_str();
+        let touch_every = self.touch_every_millis();
+        let params: sql::Params = &[&service, &querier, &request.worker, &lease, &touch_every];
         let items = if request.max == 1 {
             // The common case is one statement: let it commit on its own, without BEGIN/COMMIT.
-            claim_one(&client, params, service).await?.into_iter().collect()
+            match claim_one(&client, params, querier, service).await? {
+                Claim::Item(item) => vec![*item],
+                Claim::Nothing => Vec::new(),
+                Claim::NotMember => return Ok(Look::NotMember),
+            }
         } else {
             let tx = client.transaction().await?;
             let mut items = Vec::with_capacity(request.max);
             while items.len() < request.max {
-                match claim_one(&tx, params, service).await? {
-                    Some(item) => items.push(item),
-                    None => break,
+                match claim_one(&tx, params, querier, service).await? {
+                    Claim::Item(item) => items.push(*item),
+                    Claim::Nothing => break,
+                    Claim::NotMember => return Ok(Look::NotMember),
                 }
             }
             tx.commit().await?;
@@ -79,7 +95,6 @@ impl Broker {
         if !items.is_empty() {
             return Ok(Look::Claimed(items));
         }
-        let querier = request.querier.as_str();
         Ok(match sql::query_opt(&client, HAS_CLAIMABLE_WORK, &[&service, &querier]).await? {
             Some(_) => Look::Contended,
             None => Look::Nothing,
@@ -116,20 +131,28 @@ impl Broker {
 async fn claim_one(
     client: &impl GenericClient,
     params: sql::Params<'_>,
+    querier: &str,
     service: &str,
-) -> Result<Option<WorkItem>, BrokerError> {
+) -> Result<Claim, BrokerError> {
     for _ in 0..STALE_RETRIES {
-        let Some(row) = sql::query_opt(client, CLAIM_NEXT_ITEM, params).await? else {
-            return Ok(None);
-        };
-        let stale: bool = row.try_get("stale")?;
+        let row = sql::query_one(client, CLAIM_NEXT_ITEM, params).await?;
+        match row.try_get::<_, Option<&str>>("querier_state")? {
+            None => return Ok(Claim::NotMember),
+            Some("shutting_down") => {
+                return Err(BrokerError::QuerierShuttingDown(querier.to_owned()))
+            }
+            Some(_) => {}
+        }
+        if row.try_get::<_, Option<&str>>("username")?.is_none() {
+            return Ok(Claim::Nothing);
+        }
         // Not stale and still no item: the user's last ready item went to a cancel or another
         // claim in between; looking again is the answer too.
-        if !stale && row.try_get::<_, Option<i64>>("id")?.is_some() {
-            return Ok(Some(work_item(&row, service)?));
+        if !row.try_get::<_, bool>("stale")? && row.try_get::<_, Option<i64>>("id")?.is_some() {
+            return Ok(Claim::Item(Box::new(work_item(&row, service)?)));
         }
     }
-    Ok(None)
+    Ok(Claim::Nothing)
 }
 
 fn work_item(row: &Row, service: &str) -> Result<WorkItem, BrokerError> {

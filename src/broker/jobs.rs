@@ -44,7 +44,7 @@ pub(super) async fn apply_step_deltas(
     component: &str,
     deltas: StepDeltas,
 ) -> Result<StepChange, BrokerError> {
-    let row = sql::query_opt(
+    let row = sql::query_one(
         tx,
         APPLY_STEP_DELTAS,
         &[
@@ -58,14 +58,13 @@ pub(super) async fn apply_step_deltas(
             &deltas.canceled,
         ],
     )
-    .await?
-    .ok_or_else(|| {
-        BrokerError::not_found(
+    .await?;
+    let Some(service) = row.try_get::<_, Option<String>>("service")? else {
+        return Err(BrokerError::not_found(
             "step_not_found",
             format!("job {job_id} has no step {step} with items of component {component}"),
-        )
-    })?;
-    let service: String = row.try_get("service")?;
+        ));
+    };
     if row.try_get("became_claimable")? {
         sql::execute(tx, NOTIFY_WORK_READY, &[&service]).await?;
     }

@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::model::{QuerierName, TenantName};
 use super::sql::{
     self, JOIN_QUERIER, LIST_QUERIERS, LIST_TENANTS, LOCK_IDLE_TENANT_QUEUES, LOCK_MEMBERSHIP,
-    QUERIER_STATE, RECOUNT_TENANT_RUNNING, RESHARD_TENANTS, RETIRE_QUERIERS, RETIRE_TENANT_QUEUES,
+    RECOUNT_TENANT_RUNNING, RESHARD_TENANTS, RETIRE_QUERIERS, RETIRE_TENANT_QUEUES,
     SHUT_DOWN_QUERIER, TOUCH_QUERIER, UPSERT_TENANT,
 };
 use super::{Broker, BrokerError};
@@ -54,29 +54,12 @@ pub struct QuerierDocument {
 }
 
 impl Broker {
-    /// Every work request checks in first: a new querier joins (and shards are redrawn), one
-    /// that is shutting down is refused, and last_seen moves at most a few times per delay.
-    pub(super) async fn check_in(&self, querier: &QuerierName) -> Result<(), BrokerError> {
-        let querier = querier.as_str();
-        let touch_every = self.touch_every_millis();
-        let client = self.client().await?;
-        match sql::query_opt(&client, QUERIER_STATE, &[&querier, &touch_every]).await? {
-            Some(row) if row.try_get::<_, &str>("state")? == "shutting_down" => {
-                Err(BrokerError::QuerierShuttingDown(querier.to_owned()))
-            }
-            Some(row) => {
-                if row.try_get("stale")? {
-                    self.touch(querier).await?;
-                }
-                Ok(())
-            }
-            None => {
-                let mut client = client;
-                let tx = membership_change(&mut client).await?;
-                let joined = sql::query_opt(&tx, JOIN_QUERIER, &[&querier]).await?.is_some();
-                commit_membership_change(tx, joined).await
-            }
-        }
+    /// A querier's first work request makes it a member, and redraws the shards.
+    pub(super) async fn join_querier(&self, querier: &str) -> Result<(), BrokerError> {
+        let mut client = self.client().await?;
+        let tx = membership_change(&mut client).await?;
+        let joined = sql::query_opt(&tx, JOIN_QUERIER, &[&querier]).await?.is_some();
+        commit_membership_change(tx, joined).await
     }
 
     /// Records that the querier is still there (a long poll that ends counts as a request).
@@ -86,7 +69,7 @@ impl Broker {
         Ok(())
     }
 
-    fn touch_every_millis(&self) -> i64 {
+    pub(super) fn touch_every_millis(&self) -> i64 {
         // A quarter of the forget delay, and at least once a second: precise enough for the
         // admin view without a write per request on the querier's shared row.
         let every = (self.settings.querier_forget_delay / 4).min(Duration::from_secs(1));

@@ -48,7 +48,6 @@ statements! {
     LOCK_USER = "lock_user";
     NOTIFY_WORK_READY = "notify_work_ready";
     PLAN_AGGREGATE_ITEM = "plan_aggregate_item";
-    QUERIER_STATE = "querier_state";
     RECOUNT_TENANT_RUNNING = "recount_tenant_running";
     REFRESH_JOB_STATUS = "refresh_job_status";
     RESHARD_TENANTS = "reshard_tenants";

@@ -3,6 +3,8 @@
 //! every statement a claim or a status update runs is index probes, never a scan of the
 //! backlog or of the users, and never a sort; so is the operators' user_work listing.
 
+use std::collections::BTreeSet;
+
 use serde_json::Value;
 
 use fairway::broker::sql;
@@ -77,38 +79,81 @@ async fn plan(db: &tokio_postgres::Client, statement: &str, arguments: &str) -> 
     plan[0]["Plan"].clone()
 }
 
+/// Fails on any node that scans a whole table (but the per-pod queriers table) or sorts, with
+/// one exception: with ten users per tenant, the planner may read a tenant's few service_users
+/// rows by bitmap and sort them; that is bounded by one tenant's users (a big tenant gets the
+/// ordered index scan), never by the backlog. Bitmap scans are index reads of a key's rows.
+fn assert_index_probes(name: &str, plan: &Value) {
+    for node in nodes(plan) {
+        let kind = node["Node Type"].as_str().unwrap_or_default();
+        if node["Relation Name"] != "queriers" {
+            assert_ne!(kind, "Seq Scan", "{name} scans {}: {plan:#}", node["Relation Name"]);
+        }
+        let reads_tenant_users = nodes(node).iter().any(|inner| {
+            inner["Node Type"] == "Bitmap Heap Scan" && inner["Relation Name"] == "service_users"
+        });
+        if kind.contains("Sort") {
+            assert!(reads_tenant_users, "{name} sorts: {plan:#}");
+        }
+    }
+}
+
+/// Runs `batch` in a transaction that is rolled back, and returns the plan of every statement
+/// it ran, those inside functions too, as auto_explain reports them to the session.
+async fn nested_plans(
+    db: &tokio_postgres::Client,
+    notices: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    batch: &str,
+) -> Vec<(String, Value)> {
+    db.batch_execute(&format!("BEGIN; {batch}; ROLLBACK")).await.expect(batch);
+    let mut plans = Vec::new();
+    while let Ok(notice) = notices.try_recv() {
+        let Some((_, json)) = notice.split_once("plan:") else { continue };
+        let explained: Value = serde_json::from_str(json.trim()).expect("auto_explain JSON");
+        let text = explained["Query Text"].as_str().unwrap_or_default().to_owned();
+        plans.push((text, explained["Plan"].clone()));
+    }
+    plans
+}
+
 #[tokio::test]
 async fn the_hot_path_is_index_probes_at_a_million_items() {
     let config = fresh_database().await;
-    let (db, connection) = config.connect(tokio_postgres::NoTls).await.expect("connect");
-    tokio::spawn(connection);
+    let (db, mut connection) = config.connect(tokio_postgres::NoTls).await.expect("connect");
+    // Notices carry auto_explain's plans of the statements inside the claim function.
+    let (notice_sender, mut notices) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = futures_util::StreamExt::next(&mut messages).await {
+            if let tokio_postgres::AsyncMessage::Notice(notice) = message {
+                let _ = notice_sender.send(notice.message().to_owned());
+            }
+        }
+    });
     let seed = SEED
         .replace("$TENANTS", &TENANTS.to_string())
         .replace("$USERS", &USERS.to_string())
         .replace("$ITEMS", &ITEMS.to_string());
     db.batch_execute(&seed).await.expect("seed");
     db.batch_execute("VACUUM ANALYZE").await.expect("analyze");
-    let (job, item): (uuid::Uuid, i64) = {
+    let (job, item, component): (uuid::Uuid, i64, String) = {
         let row = db
-            .query_one("SELECT job_id, id FROM work_items WHERE status = 'ready' LIMIT 1", &[])
+            .query_one(
+                "SELECT job_id, id, component FROM work_items WHERE status = 'ready' LIMIT 1",
+                &[],
+            )
             .await
             .expect("an item");
-        (row.get(0), row.get(1))
+        (row.get(0), row.get(1), row.get(2))
     };
 
     let statements = [
-        ("claim_next_item", sql::CLAIM_NEXT_ITEM, "'svc', 'pod-0', 0, 300000".to_owned()),
-        ("claim_next_item sharded", sql::CLAIM_NEXT_ITEM, "'svc', 'pod-3', 1, 300000".to_owned()),
+        ("count_outstanding", sql::COUNT_OUTSTANDING, "'tenant-7'".to_owned()),
         ("has_claimable_work", sql::HAS_CLAIMABLE_WORK, "'svc', 'pod-0'".to_owned()),
         (
             "finish_item",
             sql::FINISH_ITEM,
             format!("{item}, 1, 'successful', '[]'::jsonb, NULL, false, NULL"),
-        ),
-        (
-            "apply_step_deltas",
-            sql::APPLY_STEP_DELTAS,
-            format!("'{job}', 0, 'ingester', -1, 1, 0, 0, 0"),
         ),
         ("extend_lease", sql::EXTEND_LEASE, format!("{item}, 1, 300000")),
         ("find_expired_leases", sql::FIND_EXPIRED_LEASES, "500".to_owned()),
@@ -117,47 +162,55 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
         ("list_user_work", sql::LIST_USER_WORK, "NULL, NULL, 1000".to_owned()),
         ("list_user_work by user", sql::LIST_USER_WORK, "'svc', 'user-7', 1000".to_owned()),
     ];
+    db.batch_execute(
+        "LOAD 'auto_explain';
+         SET auto_explain.log_min_duration = 0;
+         SET auto_explain.log_nested_statements = on;
+         SET auto_explain.log_format = json;
+         SET auto_explain.log_level = notice;",
+    )
+    .await
+    .expect("auto_explain");
     for mode in ["force_custom_plan", "force_generic_plan"] {
         db.batch_execute(&format!("SET plan_cache_mode = {mode}")).await.expect("plan mode");
         for (name, statement, arguments) in &statements {
-            let plan = plan(&db, statement, arguments).await;
-            for node in nodes(&plan) {
-                let kind = node["Node Type"].as_str().unwrap_or_default();
-                // queriers holds a row per worker pod: reading it whole is the cheap way.
-                if node["Relation Name"] != "queriers" {
-                    assert_ne!(
-                        kind, "Seq Scan",
-                        "{name} ({mode}) scans {}: {plan:#}",
-                        node["Relation Name"]
-                    );
-                }
-                // Bitmap scans are index reads of a key's rows (a user's, a job's). The one sort
-                // allowed: with ten users per tenant, the planner may read a tenant's few
-                // service_users rows by bitmap and sort them; that is bounded by one tenant's
-                // users (a big tenant gets the ordered index scan), never by the backlog.
-                let reads_tenant_users = |node: &Value| {
-                    nodes(node).iter().any(|inner| {
-                        inner["Node Type"] == "Bitmap Heap Scan"
-                            && inner["Relation Name"] == "service_users"
-                    })
-                };
-                if kind.contains("Sort") {
-                    assert!(reads_tenant_users(node), "{name} ({mode}) sorts: {plan:#}");
-                }
-            }
+            assert_index_probes(
+                &format!("{name} ({mode})"),
+                &plan(&db, statement, arguments).await,
+            );
         }
-        let claim = plan(&db, sql::CLAIM_NEXT_ITEM, &statements[0].2).await;
-        let indexes: Vec<&str> =
-            nodes(&claim).iter().filter_map(|node| node["Index Name"].as_str()).collect();
+        // The functions: a completion's counter moves, and claims from an unsharded querier
+        // and from one that serves some sharded tenants, enough of them to go down actor paths.
+        let deltas =
+            format!("SELECT * FROM apply_step_deltas('{job}', 0, '{component}', -1, 1, 0, 0, 0)");
+        let claims = |querier: &str| {
+            (0..30)
+                .map(|worker| {
+                    format!(
+                        "SELECT * FROM claim_next_item('svc', '{querier}', {worker}, 300000, 1000)"
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        let mut plans = nested_plans(&db, &mut notices, &deltas).await;
+        plans.extend(nested_plans(&db, &mut notices, &claims("pod-0")).await);
+        plans.extend(nested_plans(&db, &mut notices, &claims("pod-3")).await);
+        let mut indexes = BTreeSet::new();
+        for (text, plan) in &plans {
+            assert_index_probes(&format!("{text} ({mode})"), plan);
+            indexes.extend(nodes(plan).iter().filter_map(|node| node["Index Name"].as_str()));
+        }
         let expected_indexes = [
             "tenant_queues_fair_order",
             "service_users_fair_order",
+            "actor_queues_fair_order",
             "user_work_claimable",
             "work_items_ready",
         ];
         for expected in expected_indexes {
             assert!(
-                indexes.contains(&expected),
+                indexes.contains(expected),
                 "claim ({mode}) does not use {expected}: {indexes:?}"
             );
         }
