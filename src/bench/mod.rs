@@ -160,10 +160,14 @@ async fn run_path(
     users: usize,
     backlog: usize,
 ) -> Result<Run, BenchError> {
-    let fifo_index = path == BenchPath::Fifo;
-    if fifo_index {
+    // The baselines run with their own indexes; the broker's paths without them.
+    let baseline = matches!(
+        path,
+        BenchPath::Fifo | BenchPath::HarmonyLeastRunning | BenchPath::HarmonyRoundRobin
+    );
+    if baseline {
         let client = pool.get().await?;
-        client.batch_execute(include_str!("../../sql/bench/fifo_index.sql")).await?;
+        client.batch_execute(include_str!("../../sql/bench/baseline_indexes.sql")).await?;
         client.batch_execute("ANALYZE work_items").await?;
     }
     let mut server = None;
@@ -200,8 +204,9 @@ async fn run_path(
         handle.stop(true).await;
         let _ = task.await;
     }
-    if fifo_index {
-        pool.get().await?.batch_execute("DROP INDEX bench_fifo_ready").await?;
+    if baseline {
+        let client = pool.get().await?;
+        client.batch_execute("DROP INDEX bench_fifo_ready, bench_harmony_ready").await?;
     }
     if let Some(error) = &measured.first_error {
         eprintln!("{path:?}: {} errors, the first: {error}", measured.errors);
