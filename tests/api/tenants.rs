@@ -424,3 +424,56 @@ async fn bad_tenant_and_querier_requests_are_refused() {
     assert_eq!(missing.status(), StatusCode::NOT_FOUND);
     assert_eq!(app.fingerprint().await, before);
 }
+
+#[tokio::test]
+async fn later_steps_inherit_the_component_unless_the_worker_names_another() {
+    let app = spawn_app().await;
+    let job = app
+        .submit(json!({ "user": "u", "tenant": "acme", "actor": ["dash"],
+                        "steps": [{ "service": "svc" }, { "service": "next" },
+                                  { "service": "sum", "aggregate": true }],
+                        "items": [{ "component": "alpha" }, { "component": "beta" }] }))
+        .await;
+    for _ in 0..2 {
+        let item = app.claim("svc").await.expect("a first-step item");
+        let body = if item["component"] == "alpha" {
+            json!({ "status": "successful", "attempt": item["attempt"], "results": [1] })
+        } else {
+            json!({ "status": "successful", "attempt": item["attempt"], "results": [2],
+                    "component": "gamma" })
+        };
+        assert_eq!(app.report(&item, body).await.status(), StatusCode::OK);
+    }
+    let mut next: Vec<(String, Value)> = Vec::new();
+    while let Some(item) = app.claim("next").await {
+        assert_eq!((&item["tenant"], &item["actor"]), (&json!("acme"), &json!(["dash"])));
+        next.push((
+            item["component"].as_str().expect("component").to_owned(),
+            item["inputs"].clone(),
+        ));
+        app.succeed(&item, json!([item["inputs"][0].clone()])).await;
+    }
+    next.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(next, [("alpha".to_owned(), json!([1])), ("gamma".to_owned(), json!([2]))]);
+    // The aggregate goes where its lowest successful input's results go.
+    let aggregate = app.claim("sum").await.expect("the aggregate item");
+    assert_eq!(aggregate["component"], "alpha");
+
+    let document = app.job(job).await;
+    assert_eq!(document["tenant"], "acme");
+    assert_eq!(document["steps"][0]["components"], json!(["alpha", "beta"]));
+    assert_eq!(document["steps"][1]["components"], json!(["alpha", "gamma"]));
+    let rows: Value = app.get("/admin/user-work?user=u").await.json().await.expect("JSON");
+    let components: Vec<&str> = rows["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|row| {
+            assert_eq!((&row["tenant"], &row["actor"]), (&json!("acme"), &json!(["dash"])));
+            row["component"].as_str().unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(components.len(), 5, "{rows}");
+    assert!(components.contains(&"gamma"), "{rows}");
+    app.assert_consistent().await;
+}
