@@ -20,6 +20,13 @@ async fn claim_as(app: &TestApp, querier: &str, worker: u32) -> Option<Value> {
     app.claim_with(&format!("service=svc&querier={querier}&worker={worker}")).await.pop()
 }
 
+/// The queriers serving `tenant` now, as GET /admin/tenants/{tenant} reports them.
+async fn tenant_queriers(app: &TestApp, tenant: &str) -> Value {
+    let document: Value =
+        app.get(&format!("/admin/tenants/{tenant}")).await.json().await.expect("JSON");
+    document["queriers"].clone()
+}
+
 /// One worker: claims and completes `claims` items of `svc`, one after the other.
 async fn serve_one_at_a_time(app: &TestApp, claims: usize) -> Vec<Value> {
     let mut served = Vec::new();
@@ -475,5 +482,55 @@ async fn later_steps_inherit_the_component_unless_the_worker_names_another() {
         .collect();
     assert_eq!(components.len(), 5, "{rows}");
     assert!(components.contains(&"gamma"), "{rows}");
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn a_querier_shutting_down_leaves_its_shards_when_its_last_lease_ends() {
+    let app = spawn_app().await;
+    for querier in ["pod-0", "pod-1"] {
+        assert!(claim_as(&app, querier, 0).await.is_none());
+    }
+    set_tenant(&app, "solo", 1, 0).await;
+    let serving = tenant_queriers(&app, "solo").await[0].as_str().expect("a member").to_owned();
+    submit_items(&app, "solo", "s", &["unknown"; 2]).await;
+    let item = claim_as(&app, &serving, 0).await.expect("its item");
+    let response = app.post(&format!("/queriers/{serving}/shutdown"), &json!({})).await;
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    assert_eq!(tenant_queriers(&app, "solo").await, json!([serving]), "holding a lease, it stays");
+    app.succeed(&item, json!([])).await;
+    let moved = tenant_queriers(&app, "solo").await;
+    assert_eq!(moved.as_array().map(Vec::len), Some(1));
+    assert_ne!(moved, json!([serving]), "its last lease ended: it left");
+    let other = moved[0].as_str().expect("the other querier");
+    assert!(claim_as(&app, other, 0).await.is_some(), "the tenant's work goes to the new shard");
+    app.assert_consistent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_outstanding_holds_under_concurrent_submissions() {
+    let app = std::sync::Arc::new(spawn_app().await);
+    set_tenant(&app, "capped", 0, 10).await;
+    let submissions: Vec<_> = (0..30)
+        .map(|n| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let body = json!({ "user": format!("u{}", n % 5), "tenant": "capped",
+                                   "steps": [{ "service": "svc" }], "items": [{}] });
+                app.post("/jobs", &body).await.status()
+            })
+        })
+        .collect();
+    let mut accepted = 0;
+    for submission in submissions {
+        match submission.await.expect("submission") {
+            StatusCode::CREATED => accepted += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!(accepted, 10, "exactly the limit is admitted");
+    let tenant: Value = app.get("/admin/tenants/capped").await.json().await.expect("JSON");
+    assert_eq!(tenant["outstanding"], 10);
     app.assert_consistent().await;
 }
