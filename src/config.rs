@@ -132,6 +132,15 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "10000,1000000")]
     pub backlog: Vec<u32>,
 
+    /// Tenants the users are dealt over (user i belongs to tenant i mod N); 1: all in `default`.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub tenants: u32,
+
+    /// Query components the jobs are dealt over (job i's items need component i mod N); 1: all
+    /// `unknown`.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub components: u32,
+
     /// Concurrent claimers, each with its own connection while it works.
     #[arg(long, default_value_t = 32)]
     pub workers: usize,

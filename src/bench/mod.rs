@@ -86,7 +86,11 @@ async fn run_matrix(
             db::migrations::run(&pool).await?;
             postgres = pool.get().await?.query_one("SHOW server_version", &[]).await?.try_get(0)?;
             eprintln!("seeding {users} users and {backlog} items");
-            let seeded = Arc::new(seed::seed(&pool, users, backlog).await?);
+            let partitions = seed::Partitions {
+                tenants: args.tenants as usize,
+                components: args.components as usize,
+            };
+            let seeded = Arc::new(seed::seed(&pool, users, backlog, partitions).await?);
             for (index, &path) in args.paths.iter().enumerate() {
                 if index > 0 {
                     seed::reset(&pool).await?;
@@ -218,8 +222,8 @@ async fn run_path(
     Ok(Run {
         path: path_name(path),
         users,
-        tenants: 1,
-        components: 1,
+        tenants: args.tenants as usize,
+        components: args.components as usize,
         backlog,
         workers: args.workers,
         max: args.max,

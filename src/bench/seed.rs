@@ -11,9 +11,6 @@ use super::BenchError;
 
 /// The service every seeded item belongs to.
 pub const SERVICE: &str = "bench";
-/// One tenant and one component: the single-tenant deployment most installations are.
-const TENANT: &str = "default";
-const COMPONENT: &str = "unknown";
 
 const HARMONY_SCHEMA: &str = include_str!("../../sql/bench/harmony_schema.sql");
 const SEED_COUNTERS: &str = include_str!("../../sql/bench/seed_counters.sql");
@@ -36,16 +33,55 @@ fn username(index: usize) -> String {
     format!("user-{index:05}")
 }
 
+/// How the users and jobs are dealt over tenants and query components.
+#[derive(Debug, Clone, Copy)]
+pub struct Partitions {
+    pub tenants: usize,
+    pub components: usize,
+}
+
+impl Partitions {
+    /// User (and job) `index`'s tenant: `default` when there is one, as in most installations.
+    fn tenant(self, index: usize) -> String {
+        if self.tenants == 1 {
+            "default".to_owned()
+        } else {
+            format!("tenant-{:04}", index % self.tenants)
+        }
+    }
+
+    fn component(self, index: usize) -> String {
+        if self.components == 1 {
+            "unknown".to_owned()
+        } else {
+            format!("component-{:02}", index % self.components)
+        }
+    }
+}
+
 /// `users` users with one asynchronous one-step job each, and `backlog` ready items split evenly
-/// between them, each job's items contiguous as a real submission's are; written with COPY, then
-/// counters, VACUUM and ANALYZE.
-pub async fn seed(pool: &Pool, users: usize, backlog: usize) -> Result<Seeded, BenchError> {
+/// between them, each job's items contiguous as a real submission's are, users dealt over the
+/// tenants and jobs over the components; written with COPY, then counters, VACUUM and ANALYZE.
+pub async fn seed(
+    pool: &Pool,
+    users: usize,
+    backlog: usize,
+    partitions: Partitions,
+) -> Result<Seeded, BenchError> {
     let client = pool.get().await?;
     client.batch_execute(HARMONY_SCHEMA).await?;
     // Sorted, so that a job's index is its user's index and lookups are a binary search.
     let mut jobs: Vec<Uuid> = (0..users).map(|_| Uuid::new_v4()).collect();
     jobs.sort_unstable();
     let names: Vec<String> = (0..users).map(username).collect();
+    let tenants: Vec<String> = (0..users).map(|user| partitions.tenant(user)).collect();
+    let components: Vec<String> = (0..users).map(|user| partitions.component(user)).collect();
+    client
+        .execute(
+            "INSERT INTO tenants (tenant) SELECT DISTINCT unnest($1::text[]) ON CONFLICT DO NOTHING",
+            &[&tenants],
+        )
+        .await?;
 
     copy_rows(
         &client,
@@ -59,9 +95,9 @@ pub async fn seed(pool: &Pool, users: usize, backlog: usize) -> Result<Seeded, B
         &client,
         "jobs (job_id, username, is_async, tenant, actor)",
         &[Type::UUID, Type::TEXT, Type::BOOL, Type::TEXT, Type::TEXT_ARRAY],
-        jobs.iter()
-            .zip(&names)
-            .map(|(job, name)| vec![job as &(dyn ToSql + Sync), name, &true, &TENANT, &no_actor]),
+        (0..users).map(|user| {
+            vec![&jobs[user] as &(dyn ToSql + Sync), &names[user], &true, &tenants[user], &no_actor]
+        }),
     )
     .await?;
     copy_rows(
@@ -84,15 +120,15 @@ pub async fn seed(pool: &Pool, users: usize, backlog: usize) -> Result<Seeded, B
             Type::TEXT,
             Type::TEXT_ARRAY,
         ],
-        jobs.iter().zip(&names).map(|(job, name)| {
+        (0..users).map(|user| {
             vec![
-                job as &(dyn ToSql + Sync),
+                &jobs[user] as &(dyn ToSql + Sync),
                 &0_i32,
-                &COMPONENT,
-                name,
+                &components[user],
+                &names[user],
                 &SERVICE,
                 &true,
-                &TENANT,
+                &tenants[user],
                 &no_actor,
             ]
         }),
@@ -102,7 +138,9 @@ pub async fn seed(pool: &Pool, users: usize, backlog: usize) -> Result<Seeded, B
         &client,
         "service_users (service, component, tenant, username)",
         &[Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT],
-        names.iter().map(|name| vec![&SERVICE as &(dyn ToSql + Sync), &COMPONENT, &TENANT, name]),
+        (0..users).map(|user| {
+            vec![&SERVICE as &(dyn ToSql + Sync), &components[user], &tenants[user], &names[user]]
+        }),
     )
     .await?;
     let items: Vec<u64> = (0..users)
@@ -113,10 +151,11 @@ pub async fn seed(pool: &Pool, users: usize, backlog: usize) -> Result<Seeded, B
         &client,
         "work_items (job_id, step_index, component, payload)",
         &[Type::UUID, Type::INT4, Type::TEXT, Type::JSONB],
-        jobs.iter()
-            .zip(&items)
-            .flat_map(|(job, &count)| std::iter::repeat_n(job, count as usize))
-            .map(|job| vec![job as &(dyn ToSql + Sync), &0_i32, &COMPONENT, &payload]),
+        (0..users)
+            .flat_map(|user| std::iter::repeat_n(user, items[user] as usize))
+            .map(|user| {
+                vec![&jobs[user] as &(dyn ToSql + Sync), &0_i32, &components[user], &payload]
+            }),
     )
     .await?;
     client.batch_execute(SEED_COUNTERS).await?;
