@@ -2,7 +2,9 @@
 -- a claim picks a component, then a tenant sharded to the asking querier, then Harmony's order
 -- within the tenant. Queriers and their tenant shards live here, so every broker agrees.
 --
--- Lock order, extended: a user's row first (as in V1), then tenant_queues rows, then tenants.
+-- Lock order, extended: a user's row first (as in V1), then the tenants row (submissions for a
+-- limited tenant), then tenant_queues rows, last in the transaction and in key order
+-- (apply_tenant_deltas): so no two transactions can wait for each other's rows.
 
 CREATE TABLE tenants (
     tenant          text        PRIMARY KEY,
@@ -144,13 +146,15 @@ CREATE INDEX actor_queues_fair_order
                      last_worked NULLS FIRST, path)
     WHERE ready_count > 0;
 
--- The tenant level of the fair order, per (service, component). Unlike the user level, its
--- counts are a scheduling hint, not a ledger: with one tenant every claim and completion would
--- otherwise rewrite one row and queue behind each other's commits (measured: a third of the
--- throughput). Claims and completions update it when no other transaction holds it (SKIP
--- LOCKED), which is exact for serial claims; the reaper recounts running_count from the leases.
--- `active` is set, under the row lock, by whoever makes a user's work claimable, and cleared by
--- the reaper under the same lock once nothing is ready: a claim never misses a tenant's work.
+-- The tenant level of the fair order, per (service, component). Its counts are exact while
+-- two or more tenants compete for a component: claims and completions then wait for the row.
+-- A tenant alone in a component needs no order, and there its row would be the one row every
+-- claim and completion rewrites, each waiting for the previous commit (measured: a third of the
+-- throughput). So then they update it only when no other transaction holds it (SKIP LOCKED),
+-- and the reaper recounts running_count from the leases, so that it is right when a rival
+-- arrives. `active` is set, under the row lock, by whoever makes a user's work claimable, and
+-- cleared by the reaper under the same lock once nothing is ready: a claim never misses a
+-- tenant's work.
 CREATE TABLE tenant_queues (
     service       text        NOT NULL,
     component     text        NOT NULL,
@@ -160,6 +164,25 @@ CREATE TABLE tenant_queues (
     last_worked   timestamptz,
     PRIMARY KEY (service, component, tenant)
 ) WITH (fillfactor = 50);
+
+-- Whether another tenant has an active queue in the same component: then the tenant's row is
+-- kept exact.
+CREATE FUNCTION tenant_has_rivals(p_service text, p_component text, p_tenant text)
+RETURNS boolean
+LANGUAGE sql
+STABLE
+AS $rivals$
+    -- A scalar subquery ordered like the primary key (EXISTS would drop the order), so that
+    -- it is read from that index and stops at the first rival.
+    SELECT (SELECT true
+              FROM tenant_queues tq
+             WHERE tq.service = p_service
+               AND tq.component = p_component
+               AND tq.tenant <> p_tenant
+               AND tq.active
+             ORDER BY tq.service, tq.component, tq.tenant
+             LIMIT 1) IS NOT NULL;
+$rivals$;
 
 CREATE INDEX tenant_queues_fair_order
     ON tenant_queues (service, component, running_count, last_worked NULLS FIRST, tenant)
@@ -224,7 +247,8 @@ CREATE INDEX tenant_shards_by_querier ON tenant_shards (querier);
 -- 6. The item is leased, and user_work, users, service_users and actor_queues are brought up to
 --    date in this same transaction, so the counters never drift; the tenant's hint too, unless
 --    another claim holds it.
--- Lock order: the user's users row, the item, then the counter rows (as everywhere).
+-- Lock order: the user's users row, the item, then the counter rows (as everywhere), the
+-- tenant's row last.
 CREATE FUNCTION claim_next_item(
     p_service text,
     p_querier text,
@@ -232,6 +256,9 @@ CREATE FUNCTION claim_next_item(
     p_lease_ms bigint,
     -- An active querier's last_seen moves at most once per this many milliseconds.
     p_touch_ms bigint,
+    -- Whether the claim may wait for its tenant's row: only when the transaction holds no other
+    -- tenant_queues row (the first claim of a batch), so that waits cannot form a cycle.
+    p_may_wait boolean,
     OUT querier_state text,
     OUT stale boolean,
     OUT username text,
@@ -262,6 +289,7 @@ DECLARE
     v_job uuid;
     v_step integer;
     v_at timestamptz;
+    v_counted boolean;
 BEGIN
     stale := false;
     SELECT q.state::text INTO querier_state FROM queriers q WHERE q.querier = p_querier;
@@ -468,12 +496,17 @@ BEGIN
                = (v_user, p_service, v_component, v_tenant)
            AND (a.path = v_path[1:1] OR a.path = v_path[1:2] OR a.path = v_path[1:3]);
     END IF;
-    -- The tenant's hint, unless another claim or completion holds it (see tenant_queues).
-    PERFORM 1
-       FROM tenant_queues tq
-      WHERE (tq.service, tq.component, tq.tenant) = (p_service, v_component, v_tenant)
-        FOR NO KEY UPDATE SKIP LOCKED;
-    IF FOUND THEN
+    -- The tenant's row: waited for while other tenants compete for the component, skipped
+    -- when another transaction holds it and the tenant is alone (see tenant_queues).
+    v_counted := p_may_wait AND tenant_has_rivals(p_service, v_component, v_tenant);
+    IF NOT v_counted THEN
+        PERFORM 1
+           FROM tenant_queues tq
+          WHERE (tq.service, tq.component, tq.tenant) = (p_service, v_component, v_tenant)
+            FOR NO KEY UPDATE SKIP LOCKED;
+        v_counted := FOUND;
+    END IF;
+    IF v_counted THEN
         UPDATE tenant_queues tq
            SET running_count = tq.running_count + 1,
                last_worked = v_at
@@ -496,10 +529,11 @@ $claim$;
 -- p_ready, p_running, p_successful, p_failed, p_canceled, and keeps the user's users,
 -- service_users and actor_queues rows in step, in the transaction that moved the items. The
 -- caller holds the user's users row, and has created the rows (create_step_queues.sql).
--- Returns the step's service (NULL: no such step); whether the user's claimable work for it
--- went from none to some (only then can a worker of the service be waiting, so only then is a
--- notification worth its commit-time lock); and how many items of the job are still ready or
--- running. A function for the same reason as the claim: only the rows a change touches are
+-- Returns the step's service (NULL: no such step) and tenant; whether the user's claimable work
+-- for it went from none to some (only then can a worker of the service be waiting, so only then
+-- is a notification worth its commit-time lock, and must the tenant's queue be active); and how
+-- many items of the job are still ready or running. The tenant_queues row is left to
+-- apply_tenant_deltas, at the end of the caller's transaction. A function for the same reason as the claim: only the rows a change touches are
 -- visited.
 CREATE FUNCTION apply_step_deltas(
     p_job uuid,
@@ -511,6 +545,7 @@ CREATE FUNCTION apply_step_deltas(
     p_failed integer,
     p_canceled integer,
     OUT service text,
+    OUT tenant text,
     OUT became_claimable boolean,
     OUT job_open_items integer
 )
@@ -577,27 +612,7 @@ BEGIN
     END IF;
 
     became_claimable := v_claimable > 0 AND v_queue_ready <= v_claimable;
-    IF became_claimable THEN
-        -- Under the row lock, so that the reaper cannot retire the tenant's queue meanwhile.
-        INSERT INTO tenant_queues AS tq (service, component, tenant, running_count)
-        VALUES (v_step.service, p_component, v_step.tenant, greatest(p_running, 0))
-            ON CONFLICT (service, component, tenant) DO UPDATE
-           SET active = true,
-               running_count = greatest(tq.running_count + p_running, 0);
-    ELSIF p_running <> 0 THEN
-        -- The hint, unless a claim holds it (see tenant_queues).
-        PERFORM 1
-           FROM tenant_queues tq
-          WHERE (tq.service, tq.component, tq.tenant)
-                = (v_step.service, p_component, v_step.tenant)
-            FOR NO KEY UPDATE SKIP LOCKED;
-        IF FOUND THEN
-            UPDATE tenant_queues tq
-               SET running_count = greatest(tq.running_count + p_running, 0)
-             WHERE (tq.service, tq.component, tq.tenant)
-                   = (v_step.service, p_component, v_step.tenant);
-        END IF;
-    END IF;
+    tenant := v_step.tenant;
 
     SELECT coalesce(sum(uw.ready_count + uw.running_count), 0)::integer
       INTO job_open_items
@@ -605,3 +620,61 @@ BEGIN
      WHERE uw.job_id = p_job;
 END;
 $deltas$;
+
+-- The tenant_queues side of a transaction's step count changes, applied last and in key order,
+-- so that two transactions never hold one tenant's row while waiting for another's. Each entry
+-- (p_services[i], p_components[i], p_tenants[i]) moves running_count by p_running[i]; with
+-- p_activate[i] the queue is (re)activated, under the row lock, because a user's work there
+-- became claimable: the reaper cannot then retire it meanwhile. The running count is kept
+-- exactly while other tenants compete for the component, and otherwise only when no other
+-- transaction holds the row (see tenant_queues).
+CREATE FUNCTION apply_tenant_deltas(
+    p_services text[],
+    p_components text[],
+    p_tenants text[],
+    p_running integer[],
+    p_activate boolean[]
+)
+RETURNS void
+LANGUAGE plpgsql
+AS $tenants$
+DECLARE
+    v_change record;
+    v_counted boolean;
+BEGIN
+    FOR v_change IN
+        SELECT d.service, d.component, d.tenant, sum(d.running)::integer AS running,
+               bool_or(d.activate) AS activate
+          FROM unnest(p_services, p_components, p_tenants, p_running, p_activate)
+               AS d(service, component, tenant, running, activate)
+         GROUP BY d.service, d.component, d.tenant
+         ORDER BY d.service, d.component, d.tenant
+    LOOP
+        IF v_change.activate THEN
+            INSERT INTO tenant_queues AS tq (service, component, tenant, running_count)
+            VALUES (v_change.service, v_change.component, v_change.tenant,
+                    greatest(v_change.running, 0))
+                ON CONFLICT (service, component, tenant) DO UPDATE
+               SET active = true,
+                   running_count = greatest(tq.running_count + v_change.running, 0);
+            CONTINUE;
+        END IF;
+        CONTINUE WHEN v_change.running = 0;
+        v_counted := tenant_has_rivals(v_change.service, v_change.component, v_change.tenant);
+        IF NOT v_counted THEN
+            PERFORM 1
+               FROM tenant_queues tq
+              WHERE (tq.service, tq.component, tq.tenant)
+                    = (v_change.service, v_change.component, v_change.tenant)
+                FOR NO KEY UPDATE SKIP LOCKED;
+            v_counted := FOUND;
+        END IF;
+        IF v_counted THEN
+            UPDATE tenant_queues tq
+               SET running_count = greatest(tq.running_count + v_change.running, 0)
+             WHERE (tq.service, tq.component, tq.tenant)
+                   = (v_change.service, v_change.component, v_change.tenant);
+        END IF;
+    END LOOP;
+END;
+$tenants$;

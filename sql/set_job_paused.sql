@@ -31,11 +31,13 @@ WITH steps AS (
            = (pq.username, pq.service, pq.component, pq.tenant)
        AND (a.path = pq.actor[1:1] OR a.path = pq.actor[1:2] OR a.path = pq.actor[1:3])
 ), tenants_activated AS (
+    -- In key order, as apply_tenant_deltas takes them.
     INSERT INTO tenant_queues AS tq (service, component, tenant)
     SELECT DISTINCT pq.service, pq.component, pq.tenant
       FROM per_queue pq
      WHERE pq.delta > 0
        AND EXISTS (SELECT 1 FROM queue_counts)
+     ORDER BY pq.service, pq.component, pq.tenant
         ON CONFLICT (service, component, tenant) DO UPDATE SET active = true
 )
 SELECT DISTINCT pq.service

@@ -151,11 +151,9 @@ pub async fn seed(
         &client,
         "work_items (job_id, step_index, component, payload)",
         &[Type::UUID, Type::INT4, Type::TEXT, Type::JSONB],
-        (0..users)
-            .flat_map(|user| std::iter::repeat_n(user, items[user] as usize))
-            .map(|user| {
-                vec![&jobs[user] as &(dyn ToSql + Sync), &0_i32, &components[user], &payload]
-            }),
+        (0..users).flat_map(|user| std::iter::repeat_n(user, items[user] as usize)).map(|user| {
+            vec![&jobs[user] as &(dyn ToSql + Sync), &0_i32, &components[user], &payload]
+        }),
     )
     .await?;
     client.batch_execute(SEED_COUNTERS).await?;

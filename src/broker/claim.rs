@@ -3,6 +3,7 @@ use std::time::Duration;
 
 use deadpool_postgres::GenericClient;
 use tokio::time::Instant;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use super::model::{ClaimRequest, JobId, WorkItem, WorkItemId};
@@ -71,10 +72,14 @@ impl Broker {
         let lease = self.lease_millis();
         let querier = request.querier.as_str();
         let touch_every = self.touch_every_millis();
-        let params: sql::Params = &[&service, &querier, &request.worker, &lease, &touch_every];
+        // Only the first claim of a transaction may wait for its tenant's row (see the claim
+        // function): a batch then never holds one tenant row while waiting for another.
+        let params = |may_wait: &'static bool| -> [&(dyn ToSql + Sync); 6] {
+            [&service, &querier, &request.worker, &lease, &touch_every, may_wait]
+        };
         let items = if request.max == 1 {
             // The common case is one statement: let it commit on its own, without BEGIN/COMMIT.
-            match claim_one(&client, params, querier, service).await? {
+            match claim_one(&client, &params(&true), querier, service).await? {
                 Claim::Item(item) => vec![*item],
                 Claim::Nothing => Vec::new(),
                 Claim::NotMember => return Ok(Look::NotMember),
@@ -83,7 +88,8 @@ impl Broker {
             let tx = client.transaction().await?;
             let mut items = Vec::with_capacity(request.max);
             while items.len() < request.max {
-                match claim_one(&tx, params, querier, service).await? {
+                let may_wait = if items.is_empty() { &true } else { &false };
+                match claim_one(&tx, &params(may_wait), querier, service).await? {
                     Claim::Item(item) => items.push(*item),
                     Claim::Nothing => break,
                     Claim::NotMember => return Ok(Look::NotMember),
@@ -118,10 +124,18 @@ impl Broker {
                 return Ok(items);
             }
             let _waiting = signal.waiting();
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                // The querier was here all along: a long poll must not look like silence.
+            // A waiting querier is still there: its last_seen keeps moving while it waits, so
+            // that it neither looks disconnected nor is forgotten in the middle of a long poll.
+            let touch_every = Duration::from_millis(self.touch_every_millis().unsigned_abs());
+            loop {
+                let until = deadline.min(Instant::now() + touch_every);
+                if tokio::time::timeout_at(until, notified.as_mut()).await.is_ok() {
+                    break;
+                }
                 self.touch(request.querier.as_str()).await?;
-                return Ok(items);
+                if Instant::now() >= deadline {
+                    return Ok(items);
+                }
             }
         }
     }

@@ -10,10 +10,10 @@ use super::model::{
     StepDocument,
 };
 use super::sql::{
-    self, APPLY_STEP_DELTAS, CANCEL_JOB_ITEMS, COUNT_OUTSTANDING, CREATE_STEP_QUEUES,
-    CREATE_TENANT, CREATE_USER, GET_JOB, GET_JOB_STEPS, INSERT_FIRST_STEP_ITEMS, INSERT_JOB,
-    INSERT_JOB_STEPS, LOCK_JOB_OWNER, LOCK_TENANT_LIMIT, LOCK_USER, NOTIFY_WORK_READY,
-    SET_JOB_PAUSED, SET_JOB_STATUS,
+    self, APPLY_STEP_DELTAS, APPLY_TENANT_DELTAS, CANCEL_JOB_ITEMS, COUNT_OUTSTANDING,
+    CREATE_STEP_QUEUES, CREATE_TENANT, CREATE_USER, GET_JOB, GET_JOB_STEPS,
+    INSERT_FIRST_STEP_ITEMS, INSERT_JOB, INSERT_JOB_STEPS, LOCK_JOB_OWNER, LOCK_TENANT_LIMIT,
+    LOCK_USER, NOTIFY_WORK_READY, SET_JOB_PAUSED, SET_JOB_STATUS,
 };
 use super::{Broker, BrokerError};
 
@@ -25,6 +25,30 @@ pub(super) struct StepDeltas {
     pub successful: i32,
     pub failed: i32,
     pub canceled: i32,
+}
+
+/// The tenant_queues side of a transaction's step changes, gathered by `apply_step_deltas` and
+/// applied once, last and in key order, so that no two transactions wait for each other's
+/// tenant rows.
+#[derive(Debug, Default)]
+pub(super) struct TenantDeltas {
+    services: Vec<String>,
+    components: Vec<String>,
+    tenants: Vec<String>,
+    running: Vec<i32>,
+    activate: Vec<bool>,
+}
+
+impl TenantDeltas {
+    pub(super) async fn apply(self, tx: &impl GenericClient) -> Result<(), BrokerError> {
+        if self.services.is_empty() {
+            return Ok(());
+        }
+        let params: sql::Params =
+            &[&self.services, &self.components, &self.tenants, &self.running, &self.activate];
+        sql::query_one(tx, APPLY_TENANT_DELTAS, params).await?;
+        Ok(())
+    }
 }
 
 /// A job step after its counts moved.
@@ -43,6 +67,7 @@ pub(super) async fn apply_step_deltas(
     step: i32,
     component: &str,
     deltas: StepDeltas,
+    tenant_deltas: &mut TenantDeltas,
 ) -> Result<StepChange, BrokerError> {
     let row = sql::query_one(
         tx,
@@ -65,8 +90,16 @@ pub(super) async fn apply_step_deltas(
             format!("job {job_id} has no step {step} with items of component {component}"),
         ));
     };
-    if row.try_get("became_claimable")? {
+    let became_claimable: bool = row.try_get("became_claimable")?;
+    if became_claimable {
         sql::execute(tx, NOTIFY_WORK_READY, &[&service]).await?;
+    }
+    if became_claimable || deltas.running != 0 {
+        tenant_deltas.services.push(service.clone());
+        tenant_deltas.components.push(component.to_owned());
+        tenant_deltas.tenants.push(row.try_get("tenant")?);
+        tenant_deltas.running.push(deltas.running);
+        tenant_deltas.activate.push(became_claimable);
     }
     Ok(StepChange { service, job_open_items: row.try_get("job_open_items")? })
 }
@@ -172,6 +205,7 @@ impl Broker {
             status if status.is_finished() => return Err(job_finished(job_id, status, "cancel")),
             _ => {}
         }
+        let mut tenant_deltas = TenantDeltas::default();
         for row in sql::query(&tx, CANCEL_JOB_ITEMS, &[&job_id.0]).await? {
             let step: i32 = row.try_get("step_index")?;
             let component: String = row.try_get("component")?;
@@ -183,8 +217,9 @@ impl Broker {
                 canceled: ready + running,
                 ..Default::default()
             };
-            apply_step_deltas(&tx, job_id, step, &component, deltas).await?;
+            apply_step_deltas(&tx, job_id, step, &component, deltas, &mut tenant_deltas).await?;
         }
+        tenant_deltas.apply(&tx).await?;
         sql::execute(&tx, SET_JOB_STATUS, &[&job_id.0, &JobStatus::Canceled.as_str()]).await?;
         let job = read_job(&tx, job_id).await?;
         tx.commit().await?;
@@ -239,11 +274,12 @@ async fn add_first_step_items(
     let payloads: Vec<&Value> = items.iter().map(|item| &item.payload).collect();
     let item_components: Vec<&str> = items.iter().map(|item| item.component.as_str()).collect();
     sql::execute(tx, INSERT_FIRST_STEP_ITEMS, &[&job_id.0, &payloads, &item_components]).await?;
+    let mut tenant_deltas = TenantDeltas::default();
     for (component, count) in per_component {
         let deltas = StepDeltas { ready: count, ..Default::default() };
-        apply_step_deltas(tx, job_id, 0, component.as_str(), deltas).await?;
+        apply_step_deltas(tx, job_id, 0, component.as_str(), deltas, &mut tenant_deltas).await?;
     }
-    Ok(())
+    tenant_deltas.apply(tx).await
 }
 
 async fn lock_job_owner(tx: &impl GenericClient, job_id: JobId) -> Result<(), BrokerError> {

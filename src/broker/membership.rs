@@ -70,9 +70,12 @@ impl Broker {
     }
 
     pub(super) fn touch_every_millis(&self) -> i64 {
-        // A quarter of the forget delay, and at least once a second: precise enough for the
-        // admin view without a write per request on the querier's shared row.
-        let every = (self.settings.querier_forget_delay / 4).min(Duration::from_secs(1));
+        // A quarter of the forget delay, at least once a second and at most every 10 ms:
+        // precise enough for the admin view without a write per request on the querier's
+        // shared row.
+        let every = (self.settings.querier_forget_delay / 4)
+            .min(Duration::from_secs(1))
+            .max(Duration::from_millis(10));
         i64::try_from(every.as_millis()).unwrap_or(i64::MAX)
     }
 

@@ -1,7 +1,7 @@
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 
-use super::jobs::{apply_step_deltas, create_step_queues, StepDeltas};
+use super::jobs::{apply_step_deltas, create_step_queues, StepDeltas, TenantDeltas};
 use super::model::{reject_nul, ComponentName, ItemStatus, JobId, StatusUpdate, WorkItemId};
 use super::sql::{
     self, DESCRIBE_ITEM, EXTEND_LEASE, FIND_EXPIRED_LEASES, FINISH_ITEM, INSERT_AGGREGATE_ITEM,
@@ -145,7 +145,9 @@ impl Broker {
             ItemStatus::Successful => deltas.successful = 1,
             _ => deltas.failed = 1,
         }
-        let change = apply_step_deltas(tx, job_id, step, &component, deltas).await?;
+        let mut tenant_deltas = TenantDeltas::default();
+        let change =
+            apply_step_deltas(tx, job_id, step, &component, deltas, &mut tenant_deltas).await?;
         let service = change.service;
         let mut open_items = change.job_open_items;
 
@@ -156,9 +158,10 @@ impl Broker {
             let created: i32 =
                 sql::query_one(tx, INSERT_NEXT_STEP_ITEMS, &[&id.0, &step]).await?.try_get(0)?;
             let ready = StepDeltas { ready: created, ..Default::default() };
-            open_items = apply_step_deltas(tx, job_id, next, &results_component, ready)
-                .await?
-                .job_open_items;
+            open_items =
+                apply_step_deltas(tx, job_id, next, &results_component, ready, &mut tenant_deltas)
+                    .await?
+                    .job_open_items;
         }
         if job_aggregates && status != ItemStatus::Ready {
             if let Some(row) = sql::query_opt(tx, PLAN_AGGREGATE_ITEM, &[&job_id.0]).await? {
@@ -168,11 +171,19 @@ impl Broker {
                 sql::execute(tx, INSERT_AGGREGATE_ITEM, &[&job_id.0, &aggregate_step, &component])
                     .await?;
                 let ready = StepDeltas { ready: 1, ..Default::default() };
-                open_items = apply_step_deltas(tx, job_id, aggregate_step, &component, ready)
-                    .await?
-                    .job_open_items;
+                open_items = apply_step_deltas(
+                    tx,
+                    job_id,
+                    aggregate_step,
+                    &component,
+                    ready,
+                    &mut tenant_deltas,
+                )
+                .await?
+                .job_open_items;
             }
         }
+        tenant_deltas.apply(tx).await?;
         if open_items == 0 {
             sql::execute(tx, REFRESH_JOB_STATUS, &[&job_id.0]).await?;
         }

@@ -18,6 +18,7 @@ macro_rules! statements {
 
 statements! {
     APPLY_STEP_DELTAS = "apply_step_deltas";
+    APPLY_TENANT_DELTAS = "apply_tenant_deltas";
     CANCEL_JOB_ITEMS = "cancel_job_items";
     CHECK_CONSISTENCY = "check_consistency";
     CLAIM_NEXT_ITEM = "claim_next_item";

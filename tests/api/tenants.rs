@@ -534,3 +534,62 @@ async fn max_outstanding_holds_under_concurrent_submissions() {
     assert_eq!(tenant["outstanding"], 10);
     app.assert_consistent().await;
 }
+
+/// Two workflows that hand work across the same two services in opposite directions: each
+/// completion changes one service's tenant queue and activates the other's. Taken in any order
+/// but one, such completions deadlock (and the worker got a 500).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn crossing_workflows_complete_without_deadlocks() {
+    const ITEMS: usize = 300;
+    let app = std::sync::Arc::new(spawn_app().await);
+    let mut jobs = Vec::new();
+    for (user, first, second) in [("x", "svc-a", "svc-b"), ("y", "svc-b", "svc-a")] {
+        jobs.push(
+            app.submit(json!({ "user": user,
+                               "steps": [{ "service": first }, { "service": second }],
+                               "items": vec![json!({}); ITEMS] }))
+                .await,
+        );
+    }
+    let workers: Vec<_> = (0..24)
+        .map(|worker| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let service = if worker % 2 == 0 { "svc-a" } else { "svc-b" };
+                let query = format!("service={service}&querier=pod-{worker}&wait=1");
+                while let Some(item) = app.claim_with(&query).await.pop() {
+                    let results = if item["step"] == 0 { json!([1]) } else { json!([]) };
+                    app.succeed(&item, results).await;
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.expect("a worker: every status update answered 200");
+    }
+    for job in jobs {
+        assert_eq!(app.job(job).await["status"], "successful");
+    }
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn a_long_poll_longer_than_the_forget_delay_keeps_its_querier() {
+    let mut args = default_args();
+    args.querier_forget_delay = std::time::Duration::from_millis(400);
+    args.reap_interval = std::time::Duration::from_millis(50);
+    let app = std::sync::Arc::new(spawn_app_with(args).await);
+    let poll = {
+        let app = app.clone();
+        tokio::spawn(async move { app.claim_with("service=svc&querier=patient&wait=2").await })
+    };
+    app.await_waiting_workers("svc", 1).await;
+    // Five forget delays pass while it waits; it must stay a member, and not look disconnected.
+    while !poll.is_finished() {
+        let queriers: Value = app.get("/admin/queriers").await.json().await.expect("JSON");
+        assert_eq!(queriers["queriers"][0]["querier"], "patient", "{queriers}");
+        assert_eq!(queriers["queriers"][0]["state"], "active", "{queriers}");
+        tokio::task::yield_now().await;
+    }
+    assert!(poll.await.expect("the long poll").is_empty());
+}
