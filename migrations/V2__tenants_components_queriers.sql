@@ -146,15 +146,14 @@ CREATE INDEX actor_queues_fair_order
                      last_worked NULLS FIRST, path)
     WHERE ready_count > 0;
 
--- The tenant level of the fair order, per (service, component). Its counts are exact while
--- two or more tenants compete for a component: claims and completions then wait for the row.
--- A tenant alone in a component needs no order, and there its row would be the one row every
--- claim and completion rewrites, each waiting for the previous commit (measured: a third of the
--- throughput). So then they update it only when no other transaction holds it (SKIP LOCKED),
--- and the reaper recounts running_count from the leases, so that it is right when a rival
--- arrives. `active` is set, under the row lock, by whoever makes a user's work claimable, and
--- cleared by the reaper under the same lock once nothing is ready: a claim never misses a
--- tenant's work.
+-- The tenant level of the fair order, per (service, component). Its counts are kept, exactly,
+-- while two or more tenants compete for a component: claims and completions then wait for the
+-- row. A tenant alone in a component needs no order, and there its row would be the one row
+-- every claim and completion rewrites, each waiting for the previous commit (measured: a third
+-- of the throughput). So then nobody writes it, and the reaper recounts running_count from the
+-- leases, ready for when a rival arrives (whose never-worked last_worked puts it first on ties).
+-- `active` is set, under the row lock, by whoever makes a user's work claimable, and cleared by
+-- the reaper under the same lock once nothing is ready: a claim never misses a tenant's work.
 CREATE TABLE tenant_queues (
     service       text        NOT NULL,
     component     text        NOT NULL,
@@ -496,10 +495,11 @@ BEGIN
                = (v_user, p_service, v_component, v_tenant)
            AND (a.path = v_path[1:1] OR a.path = v_path[1:2] OR a.path = v_path[1:3]);
     END IF;
-    -- The tenant's row: waited for while other tenants compete for the component, skipped
-    -- when another transaction holds it and the tenant is alone (see tenant_queues).
-    v_counted := p_may_wait AND tenant_has_rivals(p_service, v_component, v_tenant);
-    IF NOT v_counted THEN
+    -- The tenant's row, kept while other tenants compete for the component: waited for, or
+    -- skipped if held when this claim may not wait (see tenant_queues). A tenant alone there
+    -- needs no order, and the reaper recounts its row.
+    v_counted := tenant_has_rivals(p_service, v_component, v_tenant);
+    IF v_counted AND NOT p_may_wait THEN
         PERFORM 1
            FROM tenant_queues tq
           WHERE (tq.service, tq.component, tq.tenant) = (p_service, v_component, v_tenant)
@@ -533,7 +533,7 @@ $claim$;
 -- for it went from none to some (only then can a worker of the service be waiting, so only then
 -- is a notification worth its commit-time lock, and must the tenant's queue be active); and how
 -- many items of the job are still ready or running. The tenant_queues row is left to
--- apply_tenant_deltas, at the end of the caller's transaction. A function for the same reason as the claim: only the rows a change touches are
+-- apply_tenant_deltas at the end of the caller's transaction, unless p_tenant_now. A function for the same reason as the claim: only the rows a change touches are
 -- visited.
 CREATE FUNCTION apply_step_deltas(
     p_job uuid,
@@ -544,6 +544,9 @@ CREATE FUNCTION apply_step_deltas(
     p_successful integer,
     p_failed integer,
     p_canceled integer,
+    -- Whether this is the transaction's only step change: then the tenant's row is brought up
+    -- to date here, saving the round trip of apply_tenant_deltas.
+    p_tenant_now boolean,
     OUT service text,
     OUT tenant text,
     OUT became_claimable boolean,
@@ -613,6 +616,14 @@ BEGIN
 
     became_claimable := v_claimable > 0 AND v_queue_ready <= v_claimable;
     tenant := v_step.tenant;
+    -- (The rivals check first: most completions are of a tenant alone in its component.)
+    IF p_tenant_now
+       AND (became_claimable
+            OR (p_running <> 0 AND tenant_has_rivals(v_step.service, p_component, v_step.tenant)))
+    THEN
+        PERFORM apply_tenant_delta(v_step.service, p_component, v_step.tenant, p_running,
+                                   became_claimable);
+    END IF;
 
     SELECT coalesce(sum(uw.ready_count + uw.running_count), 0)::integer
       INTO job_open_items
@@ -621,13 +632,43 @@ BEGIN
 END;
 $deltas$;
 
+-- One tenant_queues change: running_count moves by p_running; with p_activate the queue is
+-- (re)activated, under the row lock, because a user's work there became claimable (the reaper
+-- cannot then retire it meanwhile). The running count is kept while other tenants compete for
+-- the component (see tenant_queues).
+CREATE FUNCTION apply_tenant_delta(
+    p_service text,
+    p_component text,
+    p_tenant text,
+    p_running integer,
+    p_activate boolean
+)
+RETURNS void
+LANGUAGE plpgsql
+AS $tenant$
+BEGIN
+    IF p_activate THEN
+        INSERT INTO tenant_queues AS tq (service, component, tenant, running_count)
+        VALUES (p_service, p_component, p_tenant, greatest(p_running, 0))
+            ON CONFLICT (service, component, tenant) DO UPDATE
+           SET active = true,
+               running_count = greatest(tq.running_count + p_running, 0);
+        RETURN;
+    END IF;
+    -- Kept while other tenants compete for the component; a tenant alone there needs no
+    -- order, and the reaper recounts its row.
+    IF p_running <> 0 AND tenant_has_rivals(p_service, p_component, p_tenant) THEN
+        UPDATE tenant_queues tq
+           SET running_count = greatest(tq.running_count + p_running, 0)
+         WHERE (tq.service, tq.component, tq.tenant) = (p_service, p_component, p_tenant);
+    END IF;
+END;
+$tenant$;
+
 -- The tenant_queues side of a transaction's step count changes, applied last and in key order,
--- so that two transactions never hold one tenant's row while waiting for another's. Each entry
--- (p_services[i], p_components[i], p_tenants[i]) moves running_count by p_running[i]; with
--- p_activate[i] the queue is (re)activated, under the row lock, because a user's work there
--- became claimable: the reaper cannot then retire it meanwhile. The running count is kept
--- exactly while other tenants compete for the component, and otherwise only when no other
--- transaction holds the row (see tenant_queues).
+-- so that two transactions never hold one tenant's row while waiting for another's. Entries
+-- (p_services[i], p_components[i], p_tenants[i], p_running[i], p_activate[i]) for the same
+-- queue are summed.
 CREATE FUNCTION apply_tenant_deltas(
     p_services text[],
     p_components text[],
@@ -640,7 +681,6 @@ LANGUAGE plpgsql
 AS $tenants$
 DECLARE
     v_change record;
-    v_counted boolean;
 BEGIN
     FOR v_change IN
         SELECT d.service, d.component, d.tenant, sum(d.running)::integer AS running,
@@ -650,31 +690,8 @@ BEGIN
          GROUP BY d.service, d.component, d.tenant
          ORDER BY d.service, d.component, d.tenant
     LOOP
-        IF v_change.activate THEN
-            INSERT INTO tenant_queues AS tq (service, component, tenant, running_count)
-            VALUES (v_change.service, v_change.component, v_change.tenant,
-                    greatest(v_change.running, 0))
-                ON CONFLICT (service, component, tenant) DO UPDATE
-               SET active = true,
-                   running_count = greatest(tq.running_count + v_change.running, 0);
-            CONTINUE;
-        END IF;
-        CONTINUE WHEN v_change.running = 0;
-        v_counted := tenant_has_rivals(v_change.service, v_change.component, v_change.tenant);
-        IF NOT v_counted THEN
-            PERFORM 1
-               FROM tenant_queues tq
-              WHERE (tq.service, tq.component, tq.tenant)
-                    = (v_change.service, v_change.component, v_change.tenant)
-                FOR NO KEY UPDATE SKIP LOCKED;
-            v_counted := FOUND;
-        END IF;
-        IF v_counted THEN
-            UPDATE tenant_queues tq
-               SET running_count = greatest(tq.running_count + v_change.running, 0)
-             WHERE (tq.service, tq.component, tq.tenant)
-                   = (v_change.service, v_change.component, v_change.tenant);
-        END IF;
+        PERFORM apply_tenant_delta(v_change.service, v_change.component, v_change.tenant,
+                                   v_change.running, v_change.activate);
     END LOOP;
 END;
 $tenants$;

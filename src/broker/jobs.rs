@@ -29,7 +29,8 @@ pub(super) struct StepDeltas {
 
 /// The tenant_queues side of a transaction's step changes, gathered by `apply_step_deltas` and
 /// applied once, last and in key order, so that no two transactions wait for each other's
-/// tenant rows.
+/// tenant rows. A transaction with a single step change has it applied in place instead
+/// (`TenantRow::Now`), which saves a round trip.
 #[derive(Debug, Default)]
 pub(super) struct TenantDeltas {
     services: Vec<String>,
@@ -37,6 +38,14 @@ pub(super) struct TenantDeltas {
     tenants: Vec<String>,
     running: Vec<i32>,
     activate: Vec<bool>,
+}
+
+/// Where a step change's tenant row goes.
+pub(super) enum TenantRow<'a> {
+    /// The transaction's only step change: apply it with the step.
+    Now,
+    /// One of several: gather it, for `TenantDeltas::apply` at the end.
+    Later(&'a mut TenantDeltas),
 }
 
 impl TenantDeltas {
@@ -67,8 +76,9 @@ pub(super) async fn apply_step_deltas(
     step: i32,
     component: &str,
     deltas: StepDeltas,
-    tenant_deltas: &mut TenantDeltas,
+    tenant_row: TenantRow<'_>,
 ) -> Result<StepChange, BrokerError> {
+    let tenant_now = matches!(tenant_row, TenantRow::Now);
     let row = sql::query_one(
         tx,
         APPLY_STEP_DELTAS,
@@ -81,6 +91,7 @@ pub(super) async fn apply_step_deltas(
             &deltas.successful,
             &deltas.failed,
             &deltas.canceled,
+            &tenant_now,
         ],
     )
     .await?;
@@ -94,7 +105,7 @@ pub(super) async fn apply_step_deltas(
     if became_claimable {
         sql::execute(tx, NOTIFY_WORK_READY, &[&service]).await?;
     }
-    if became_claimable || deltas.running != 0 {
+    if let TenantRow::Later(tenant_deltas) = tenant_row {
         tenant_deltas.services.push(service.clone());
         tenant_deltas.components.push(component.to_owned());
         tenant_deltas.tenants.push(row.try_get("tenant")?);
@@ -217,7 +228,8 @@ impl Broker {
                 canceled: ready + running,
                 ..Default::default()
             };
-            apply_step_deltas(&tx, job_id, step, &component, deltas, &mut tenant_deltas).await?;
+            let tenant_row = TenantRow::Later(&mut tenant_deltas);
+            apply_step_deltas(&tx, job_id, step, &component, deltas, tenant_row).await?;
         }
         tenant_deltas.apply(&tx).await?;
         sql::execute(&tx, SET_JOB_STATUS, &[&job_id.0, &JobStatus::Canceled.as_str()]).await?;
@@ -275,9 +287,11 @@ async fn add_first_step_items(
     let item_components: Vec<&str> = items.iter().map(|item| item.component.as_str()).collect();
     sql::execute(tx, INSERT_FIRST_STEP_ITEMS, &[&job_id.0, &payloads, &item_components]).await?;
     let mut tenant_deltas = TenantDeltas::default();
+    let single = per_component.len() == 1;
     for (component, count) in per_component {
         let deltas = StepDeltas { ready: count, ..Default::default() };
-        apply_step_deltas(tx, job_id, 0, component.as_str(), deltas, &mut tenant_deltas).await?;
+        let tenant_row = if single { TenantRow::Now } else { TenantRow::Later(&mut tenant_deltas) };
+        apply_step_deltas(tx, job_id, 0, component.as_str(), deltas, tenant_row).await?;
     }
     tenant_deltas.apply(tx).await
 }

@@ -1,7 +1,7 @@
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 
-use super::jobs::{apply_step_deltas, create_step_queues, StepDeltas, TenantDeltas};
+use super::jobs::{apply_step_deltas, create_step_queues, StepDeltas, TenantDeltas, TenantRow};
 use super::model::{reject_nul, ComponentName, ItemStatus, JobId, StatusUpdate, WorkItemId};
 use super::sql::{
     self, DESCRIBE_ITEM, EXTEND_LEASE, FIND_EXPIRED_LEASES, FINISH_ITEM, INSERT_AGGREGATE_ITEM,
@@ -145,25 +145,32 @@ impl Broker {
             ItemStatus::Successful => deltas.successful = 1,
             _ => deltas.failed = 1,
         }
+        let has_results = matches!(&results, Some(Value::Array(results)) if !results.is_empty());
+        let fans_out = next_step_aggregates == Some(false) && has_results;
+        let may_aggregate = job_aggregates && status != ItemStatus::Ready;
         let mut tenant_deltas = TenantDeltas::default();
-        let change =
-            apply_step_deltas(tx, job_id, step, &component, deltas, &mut tenant_deltas).await?;
+        // Most endings change one step only: their tenant row is then applied in place.
+        let tenant_row = if fans_out || may_aggregate {
+            TenantRow::Later(&mut tenant_deltas)
+        } else {
+            TenantRow::Now
+        };
+        let change = apply_step_deltas(tx, job_id, step, &component, deltas, tenant_row).await?;
         let service = change.service;
         let mut open_items = change.job_open_items;
 
-        let has_results = matches!(&results, Some(Value::Array(results)) if !results.is_empty());
-        if next_step_aggregates == Some(false) && has_results {
+        if fans_out {
             let next = step + 1;
             create_step_queues(tx, job_id, next, &[&results_component]).await?;
             let created: i32 =
                 sql::query_one(tx, INSERT_NEXT_STEP_ITEMS, &[&id.0, &step]).await?.try_get(0)?;
             let ready = StepDeltas { ready: created, ..Default::default() };
-            open_items =
-                apply_step_deltas(tx, job_id, next, &results_component, ready, &mut tenant_deltas)
-                    .await?
-                    .job_open_items;
+            let tenant_row = TenantRow::Later(&mut tenant_deltas);
+            open_items = apply_step_deltas(tx, job_id, next, &results_component, ready, tenant_row)
+                .await?
+                .job_open_items;
         }
-        if job_aggregates && status != ItemStatus::Ready {
+        if may_aggregate {
             if let Some(row) = sql::query_opt(tx, PLAN_AGGREGATE_ITEM, &[&job_id.0]).await? {
                 let aggregate_step: i32 = row.try_get("step_index")?;
                 let component: String = row.try_get("component")?;
@@ -171,16 +178,11 @@ impl Broker {
                 sql::execute(tx, INSERT_AGGREGATE_ITEM, &[&job_id.0, &aggregate_step, &component])
                     .await?;
                 let ready = StepDeltas { ready: 1, ..Default::default() };
-                open_items = apply_step_deltas(
-                    tx,
-                    job_id,
-                    aggregate_step,
-                    &component,
-                    ready,
-                    &mut tenant_deltas,
-                )
-                .await?
-                .job_open_items;
+                let tenant_row = TenantRow::Later(&mut tenant_deltas);
+                open_items =
+                    apply_step_deltas(tx, job_id, aggregate_step, &component, ready, tenant_row)
+                        .await?
+                        .job_open_items;
             }
         }
         tenant_deltas.apply(tx).await?;

@@ -188,8 +188,9 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
         }
         // The functions: a completion's counter moves, and claims from an unsharded querier
         // and from one that serves some sharded tenants, enough of them to go down actor paths.
-        let deltas =
-            format!("SELECT * FROM apply_step_deltas('{job}', 0, '{component}', -1, 1, 0, 0, 0)");
+        let deltas = format!(
+            "SELECT * FROM apply_step_deltas('{job}', 0, '{component}', -1, 1, 0, 0, 0, true)"
+        );
         let claims = |querier: &str| {
             (0..30)
                 .map(|worker| {
