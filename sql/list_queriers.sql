@@ -9,12 +9,14 @@ SELECT q.querier,
        q.in_shards,
        q.joined_at,
        q.last_seen,
-       (SELECT count(*)
-          FROM work_items wi
-         WHERE wi.querier = q.querier
-           AND wi.status = 'running') AS leases,
+       coalesce(held.leases, 0) AS leases,
        coalesce((SELECT array_agg(ts.tenant ORDER BY ts.tenant)
                    FROM tenant_shards ts
                   WHERE ts.querier = q.querier), '{}') AS tenants
   FROM queriers q
+  -- One pass over the running items (the leases index), whatever the number of queriers.
+  LEFT JOIN (SELECT wi.querier, count(*) AS leases
+               FROM work_items wi
+              WHERE wi.status = 'running'
+              GROUP BY wi.querier) held ON held.querier = q.querier
  ORDER BY q.querier;

@@ -1,18 +1,20 @@
 -- Of the queriers that hold no lease: takes those shutting down out of the shards, and forgets
 -- those silent for longer than $1 milliseconds. Returns how many changed; shards must then be
 -- redrawn. The caller holds the membership lock.
-WITH idle AS (
+WITH holders AS (
+    -- One pass over the running items (the leases index), whatever the number of queriers.
+    SELECT DISTINCT wi.querier
+      FROM work_items wi
+     WHERE wi.status = 'running'
+       AND wi.querier IS NOT NULL
+), idle AS (
     SELECT q.querier,
            q.state,
            q.in_shards,
            q.last_seen < now() - $1::bigint * interval '1 millisecond' AS silent
       FROM queriers q
-     WHERE NOT EXISTS (
-               SELECT 1
-                 FROM work_items wi
-                WHERE wi.querier = q.querier
-                  AND wi.status = 'running'
-           )
+      LEFT JOIN holders h ON h.querier = q.querier
+     WHERE h.querier IS NULL
 ), forgotten AS (
     DELETE FROM queriers q
      USING idle

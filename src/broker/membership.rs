@@ -62,7 +62,7 @@ impl Broker {
         commit_membership_change(tx, joined).await
     }
 
-    /// Records that the querier is still there (a long poll that ends counts as a request).
+    /// Records that the querier is still there: a waiting long poll counts as a request.
     pub(super) async fn touch(&self, querier: &str) -> Result<(), BrokerError> {
         let client = self.client().await?;
         sql::execute(&client, TOUCH_QUERIER, &[&querier, &self.touch_every_millis()]).await?;

@@ -110,11 +110,15 @@ async fn bad_work_requests_are_refused() {
 #[tokio::test]
 async fn bad_status_updates_are_refused() {
     let app = spawn_app().await;
-    app.submit_simple("seed", "svc", 2, true).await;
+    let job = app.submit_simple("seed", "svc", 2, true).await;
     let item = app.claim("svc").await.expect("item");
     let id = item["id"].as_i64().expect("id");
     let before = app.fingerprint().await;
     let path = format!("/work/{id}/status");
+    // Appended items are checked like submitted ones.
+    let response =
+        app.post(&format!("/jobs/{job}/items"), &json!({ "items": [{ "component": "A" }] })).await;
+    assert_refused(&app, response, 400, "invalid_component", &before).await;
     let cases = [
         (json!({ "status": "done", "attempt": 1 }), "invalid_body"),
         (json!({ "status": "successful" }), "invalid_body"),
@@ -125,6 +129,9 @@ async fn bad_status_updates_are_refused() {
         (json!({ "status": "successful", "attempt": 1, "bogus": 1 }), "invalid_body"),
         (json!({ "status": "successful", "attempt": 1, "results": [["a\u{0}"]] }), "invalid_text"),
         (json!({ "status": "failed", "attempt": 1, "error": "bad\u{0}" }), "invalid_text"),
+        (json!({ "status": "failed", "attempt": 1, "component": "b" }), "invalid_body"),
+        (json!({ "status": "successful", "attempt": 1, "component": "B" }), "invalid_component"),
+        (json!({ "status": "successful", "attempt": 1, "component": 7 }), "invalid_body"),
     ];
     for (body, code) in cases {
         let response = app.post(&path, &body).await;
