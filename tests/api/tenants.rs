@@ -573,23 +573,25 @@ async fn crossing_workflows_complete_without_deadlocks() {
     app.assert_consistent().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_poll_longer_than_the_forget_delay_keeps_its_querier() {
     let mut args = default_args();
-    args.querier_forget_delay = std::time::Duration::from_millis(400);
+    args.querier_forget_delay = std::time::Duration::from_millis(1000);
     args.reap_interval = std::time::Duration::from_millis(50);
     let app = std::sync::Arc::new(spawn_app_with(args).await);
     let poll = {
         let app = app.clone();
-        tokio::spawn(async move { app.claim_with("service=svc&querier=patient&wait=2").await })
+        tokio::spawn(async move { app.claim_with("service=svc&querier=patient&wait=3").await })
     };
     app.await_waiting_workers("svc", 1).await;
-    // Five forget delays pass while it waits; it must stay a member, and not look disconnected.
+    // Three forget delays pass while it waits; it must stay a member, and not look
+    // disconnected (it is touched every 250 ms; disconnected after 500 ms of silence).
+    let mut every = tokio::time::interval(std::time::Duration::from_millis(50));
     while !poll.is_finished() {
         let queriers: Value = app.get("/admin/queriers").await.json().await.expect("JSON");
         assert_eq!(queriers["queriers"][0]["querier"], "patient", "{queriers}");
         assert_eq!(queriers["queriers"][0]["state"], "active", "{queriers}");
-        tokio::task::yield_now().await;
+        every.tick().await;
     }
     assert!(poll.await.expect("the long poll").is_empty());
 }
