@@ -4,5 +4,6 @@ UPDATE work_items
        updated_at = now()
  WHERE id = $1
    AND attempt = $2
-   AND status = 'running'
+   -- Running, spelled so that only the primary key can find the item (see V3).
+   AND lease_expires_at IS NOT NULL
 RETURNING id;

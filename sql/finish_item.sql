@@ -27,7 +27,8 @@ UPDATE work_items wi
        updated_at = now()
  WHERE wi.id = $1
    AND wi.attempt = $2
-   AND wi.status = 'running'
+   -- Running, spelled so that only the primary key can find the item (see V3).
+   AND wi.lease_expires_at IS NOT NULL
    AND (NOT $6 OR wi.lease_expires_at <= now())
    AND EXISTS (SELECT 1 FROM owner)
 RETURNING wi.job_id,

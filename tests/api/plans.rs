@@ -231,3 +231,54 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
         }
     }
 }
+
+/// The statements that address one running item by id read it by its primary key even while
+/// the partial indexes over running and finished items are estimated empty, as they are after a
+/// bulk load of ready items until the next ANALYZE, though thousands of items have run since.
+#[tokio::test]
+async fn items_are_addressed_by_primary_key_while_statistics_lag() {
+    let config = fresh_database().await;
+    let (db, connection) = config.connect(tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    db.batch_execute(
+        "INSERT INTO users (username) VALUES ('user-1');
+         INSERT INTO jobs (job_id, username, is_async, tenant, actor)
+         VALUES ('00000000-0000-0000-0000-000000000001', 'user-1', false, 'default', '{}');
+         INSERT INTO job_steps (job_id, step_index, service, aggregate)
+         SELECT job_id, 0, 'svc', false FROM jobs;
+         INSERT INTO user_work (job_id, step_index, component, username, service, is_async,
+                                tenant, actor)
+         SELECT job_id, 0, 'unknown', username, 'svc', false, 'default', '{}' FROM jobs;
+         INSERT INTO work_items (job_id, step_index, component, payload)
+         SELECT '00000000-0000-0000-0000-000000000001', 0, 'unknown', '{}'
+           FROM generate_series(1, 100000);",
+    )
+    .await
+    .expect("seed");
+    db.batch_execute("VACUUM ANALYZE").await.expect("analyze");
+    db.batch_execute(
+        "UPDATE work_items SET status = 'successful' WHERE id <= 20000;
+         UPDATE work_items SET status = 'running', attempt = 1, lease_expires_at = now()
+          WHERE id > 20000 AND id <= 25000;",
+    )
+    .await
+    .expect("items run");
+    let statements = [
+        ("finish_item", sql::FINISH_ITEM, "24000, 1, 'successful', '[]'::jsonb, NULL, false, NULL"),
+        ("extend_lease", sql::EXTEND_LEASE, "24000, 1, 300000"),
+    ];
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        db.batch_execute(&format!("SET plan_cache_mode = {mode}")).await.expect("plan mode");
+        for (name, statement, arguments) in statements {
+            let plan = plan(&db, statement, arguments).await;
+            for node in nodes(&plan) {
+                if node["Relation Name"] == "work_items" && node["Node Type"] != "ModifyTable" {
+                    assert_eq!(
+                        node["Index Name"], "work_items_pkey",
+                        "{name} ({mode}) reads work_items otherwise: {plan:#}"
+                    );
+                }
+            }
+        }
+    }
+}
