@@ -54,6 +54,26 @@ pub struct ServeArgs {
     /// Largest request body accepted, in bytes; larger bodies get 413.
     #[arg(long, env = "FAIRWAY_MAX_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_body_bytes: usize,
+
+    #[command(flatten)]
+    pub batches: BatchArgs,
+}
+
+/// How the broker gathers concurrent claims, and concurrent reports that end attempts, into
+/// shared transactions (group commit).
+#[derive(Debug, Clone, Copy, Args)]
+pub struct BatchArgs {
+    /// How many claim transactions, and how many transactions ending attempts, run at once;
+    /// requests that arrive meanwhile queue and go together in the next one. One of each kept
+    /// two cores busiest in docs/benchmarks.md: more lanes make smaller batches.
+    #[arg(long, env = "FAIRWAY_BATCH_LANES", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub batch_lanes: u16,
+
+    /// Most requests one such transaction serves.
+    #[arg(long, env = "FAIRWAY_BATCH_MAX", default_value_t = 32,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub batch_max: u16,
 }
 
 /// Where the broker's database is.
@@ -123,6 +143,9 @@ pub enum BenchPath {
 pub struct BenchArgs {
     #[command(flatten)]
     pub database: DatabaseArgs,
+
+    #[command(flatten)]
+    pub batches: BatchArgs,
 
     /// Numbers of users to measure at (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "10,1000,10000")]

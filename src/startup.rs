@@ -44,6 +44,8 @@ impl Application {
             lease: args.lease,
             max_retries: args.max_retries,
             querier_forget_delay: args.querier_forget_delay,
+            batch_lanes: args.batches.batch_lanes.into(),
+            batch_max: args.batches.batch_max.into(),
         };
         let broker = Broker::new(pool, settings, signals.clone());
         let background = vec![

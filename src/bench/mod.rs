@@ -151,6 +151,7 @@ fn serve_args(args: &BenchArgs) -> ServeArgs {
         reap_interval: Duration::from_secs(1),
         querier_forget_delay: Duration::from_secs(60),
         max_body_bytes: 1024 * 1024,
+        batches: args.batches,
     }
 }
 
@@ -182,6 +183,8 @@ async fn run_path(
                 lease: Duration::from_secs(300),
                 max_retries: 3,
                 querier_forget_delay: Duration::from_secs(60),
+                batch_lanes: args.batches.batch_lanes.into(),
+                batch_max: args.batches.batch_max.into(),
             },
             WorkSignals::default(),
         )),

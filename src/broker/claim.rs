@@ -1,13 +1,11 @@
 use std::pin::pin;
 use std::time::Duration;
 
-use deadpool_postgres::GenericClient;
 use tokio::time::Instant;
-use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use super::model::{ClaimRequest, JobId, WorkItem, WorkItemId};
-use super::sql::{self, CLAIM_NEXT_ITEM, HAS_CLAIMABLE_WORK};
+use super::sql::{self, CLAIM_ITEMS, HAS_CLAIMABLE_WORK};
 use super::{Broker, BrokerError};
 
 /// How long a claim that found every user with work busy waits for a release signalled in
@@ -17,24 +15,13 @@ const RELEASE_POLL: Duration = Duration::from_millis(50);
 /// How long a claim keeps waiting for busy users before it reports no work.
 const CONTENDED_LIMIT: Duration = Duration::from_secs(5);
 
-/// How many times a claim looks again, at once, after choosing a user whose place in the order
-/// had changed since its snapshot, before it waits like a contended claim.
-const STALE_RETRIES: usize = 4;
-
 /// What one look for work found.
-enum Look {
+pub(super) enum Look {
     Claimed(Vec<WorkItem>),
     /// Work exists, but every user who has it is held by another transaction right now.
     Contended,
     Nothing,
     /// The querier has not joined yet: nothing was looked at.
-    NotMember,
-}
-
-/// What one claim statement did.
-enum Claim {
-    Item(Box<WorkItem>),
-    Nothing,
     NotMember,
 }
 
@@ -66,45 +53,81 @@ impl Broker {
         }
     }
 
+    /// One look, made together with the looks of other workers that arrive meanwhile.
     async fn look_for_work(&self, request: &ClaimRequest) -> Result<Look, BrokerError> {
-        let mut client = self.client().await?;
-        let service = request.service.as_str();
-        let lease = self.lease_millis();
-        let querier = request.querier.as_str();
-        let touch_every = self.touch_every_millis();
-        // Only the first claim of a transaction may wait for its tenant's row (see the claim
-        // function): a batch then never holds one tenant row while waiting for another.
-        let params = |may_wait: &'static bool| -> [&(dyn ToSql + Sync); 6] {
-            [&service, &querier, &request.worker, &lease, &touch_every, may_wait]
+        let broker = self.clone();
+        let run = move |requests: Vec<ClaimRequest>| {
+            let broker = broker.clone();
+            async move { broker.look_in_batch(requests).await }
         };
-        let items = if request.max == 1 {
-            // The common case is one statement: let it commit on its own, without BEGIN/COMMIT.
-            match claim_one(&client, &params(&true), querier, service).await? {
-                Claim::Item(item) => vec![*item],
-                Claim::Nothing => Vec::new(),
-                Claim::NotMember => return Ok(Look::NotMember),
-            }
-        } else {
-            let tx = client.transaction().await?;
-            let mut items = Vec::with_capacity(request.max);
-            while items.len() < request.max {
-                let may_wait = if items.is_empty() { &true } else { &false };
-                match claim_one(&tx, &params(may_wait), querier, service).await? {
-                    Claim::Item(item) => items.push(*item),
-                    Claim::Nothing => break,
-                    Claim::NotMember => return Ok(Look::NotMember),
+        self.claims.submit(request.clone(), run).await.unwrap_or(Err(BrokerError::BatchLost))
+    }
+
+    /// Looks for work for every request of a batch in one transaction. Should that transaction
+    /// fail, each request looks alone, so that it gets its own answer or error.
+    async fn look_in_batch(&self, requests: Vec<ClaimRequest>) -> Vec<Result<Look, BrokerError>> {
+        match self.claim_batch(&requests).await {
+            Ok(looks) => looks,
+            Err(error) if requests.len() == 1 => vec![Err(error)],
+            Err(error) => {
+                tracing::warn!(%error, claims = requests.len(), "claim batch failed; claiming one by one");
+                let mut looks = Vec::with_capacity(requests.len());
+                for request in &requests {
+                    looks.push(match self.claim_batch(std::slice::from_ref(request)).await {
+                        Ok(mut look) => look.pop().unwrap_or(Err(BrokerError::BatchLost)),
+                        Err(error) => Err(error),
+                    });
                 }
+                looks
             }
-            tx.commit().await?;
-            items
-        };
-        if !items.is_empty() {
-            return Ok(Look::Claimed(items));
         }
-        Ok(match sql::query_opt(&client, HAS_CLAIMABLE_WORK, &[&service, &querier]).await? {
-            Some(_) => Look::Contended,
-            None => Look::Nothing,
-        })
+    }
+
+    /// One statement, so one transaction, for the whole batch; then, for each request that got
+    /// nothing, whether it lost a race (work exists) or there is nothing for it.
+    async fn claim_batch(
+        &self,
+        requests: &[ClaimRequest],
+    ) -> Result<Vec<Result<Look, BrokerError>>, BrokerError> {
+        let client = self.client().await?;
+        let services: Vec<&str> = requests.iter().map(|r| r.service.as_str()).collect();
+        let queriers: Vec<&str> = requests.iter().map(|r| r.querier.as_str()).collect();
+        let workers: Vec<i32> = requests.iter().map(|r| r.worker).collect();
+        let maxes: Vec<i32> =
+            requests.iter().map(|r| i32::try_from(r.max).unwrap_or(i32::MAX)).collect();
+        let (lease, touch_every) = (self.lease_millis(), self.touch_every_millis());
+        let params: sql::Params = &[&services, &queriers, &workers, &maxes, &lease, &touch_every];
+        let mut items: Vec<Vec<WorkItem>> = requests.iter().map(|_| Vec::new()).collect();
+        let mut states: Vec<Option<String>> = vec![None; requests.len()];
+        for row in sql::query(&client, CLAIM_ITEMS, params).await? {
+            let request = usize::try_from(row.try_get::<_, i32>("request")? - 1)
+                .ok()
+                .filter(|index| *index < requests.len())
+                .ok_or(BrokerError::BatchLost)?;
+            states[request] = row.try_get("querier_state")?;
+            if row.try_get::<_, Option<i64>>("id")?.is_some() {
+                items[request].push(work_item(&row, services[request])?);
+            }
+        }
+        let mut looks = Vec::with_capacity(requests.len());
+        for ((request, items), state) in requests.iter().zip(items).zip(states) {
+            looks.push(match state.as_deref() {
+                _ if !items.is_empty() => Ok(Look::Claimed(items)),
+                None => Ok(Look::NotMember),
+                Some("shutting_down") => {
+                    Err(BrokerError::QuerierShuttingDown(request.querier.as_str().to_owned()))
+                }
+                Some(_) => {
+                    let params: sql::Params =
+                        &[&request.service.as_str(), &request.querier.as_str()];
+                    Ok(match sql::query_opt(&client, HAS_CLAIMABLE_WORK, params).await? {
+                        Some(_) => Look::Contended,
+                        None => Look::Nothing,
+                    })
+                }
+            });
+        }
+        Ok(looks)
     }
 
     /// Like `claim`, but when nothing is ready waits up to `wait` for work of the service to
@@ -139,34 +162,6 @@ impl Broker {
             }
         }
     }
-}
-
-/// One claim statement, looked at again at once while the user it chose turns out stale.
-async fn claim_one(
-    client: &impl GenericClient,
-    params: sql::Params<'_>,
-    querier: &str,
-    service: &str,
-) -> Result<Claim, BrokerError> {
-    for _ in 0..STALE_RETRIES {
-        let row = sql::query_one(client, CLAIM_NEXT_ITEM, params).await?;
-        match row.try_get::<_, Option<&str>>("querier_state")? {
-            None => return Ok(Claim::NotMember),
-            Some("shutting_down") => {
-                return Err(BrokerError::QuerierShuttingDown(querier.to_owned()))
-            }
-            Some(_) => {}
-        }
-        if row.try_get::<_, Option<&str>>("username")?.is_none() {
-            return Ok(Claim::Nothing);
-        }
-        // Not stale and still no item: the user's last ready item went to a cancel or another
-        // claim in between; looking again is the answer too.
-        if !row.try_get::<_, bool>("stale")? && row.try_get::<_, Option<i64>>("id")?.is_some() {
-            return Ok(Claim::Item(Box::new(work_item(&row, service)?)));
-        }
-    }
-    Ok(Claim::Nothing)
 }
 
 fn work_item(row: &Row, service: &str) -> Result<WorkItem, BrokerError> {

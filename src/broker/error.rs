@@ -30,6 +30,11 @@ pub enum BrokerError {
     #[error("database unavailable: {0}")]
     Unavailable(String),
 
+    /// The batch that held the request was abandoned before answering it (a bug: its task
+    /// panicked, or its statement answered for requests it was not given).
+    #[error("the request's batch was lost before it was answered")]
+    BatchLost,
+
     /// PostgreSQL answered with an error this code did not expect.
     #[error("database error: {}", describe(.0))]
     Database(#[source] tokio_postgres::Error),

@@ -2,6 +2,7 @@
 //! keep the fair order, independent of how requests arrive.
 
 mod admin;
+mod batch;
 mod claim;
 mod error;
 mod jobs;
@@ -15,7 +16,11 @@ use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
 
+use batch::Batches;
+use claim::Look;
 pub use error::BrokerError;
+use model::{ClaimRequest, ItemStatus};
+use outcome::AttemptEnding;
 pub use signals::WorkSignals;
 
 /// Behaviour that operators tune.
@@ -27,6 +32,11 @@ pub struct BrokerSettings {
     pub max_retries: u32,
     /// How long a querier that neither asks for work nor holds a lease stays a member.
     pub querier_forget_delay: Duration,
+    /// How many claim transactions, and how many attempt-ending transactions, run at once;
+    /// requests that arrive meanwhile queue and go together in the next one.
+    pub batch_lanes: usize,
+    /// Most requests one such transaction serves.
+    pub batch_max: usize,
 }
 
 /// The broker: cheap to clone, shared by every request handler and background task.
@@ -35,11 +45,15 @@ pub struct Broker {
     pool: Pool,
     settings: BrokerSettings,
     signals: WorkSignals,
+    claims: Batches<ClaimRequest, Result<Look, BrokerError>>,
+    endings: Batches<AttemptEnding, Result<ItemStatus, BrokerError>>,
 }
 
 impl Broker {
     pub fn new(pool: Pool, settings: BrokerSettings, signals: WorkSignals) -> Self {
-        Self { pool, settings, signals }
+        let (lanes, most) = (settings.batch_lanes, settings.batch_max);
+        let (claims, endings) = (Batches::new(lanes, most), Batches::new(lanes, most));
+        Self { pool, settings, signals, claims, endings }
     }
 
     async fn client(&self) -> Result<Object, BrokerError> {

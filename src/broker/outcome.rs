@@ -1,11 +1,12 @@
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
+use tokio_postgres::types::Json;
 
 use super::jobs::{apply_step_deltas, create_step_queues, StepDeltas, TenantDeltas, TenantRow};
 use super::model::{reject_nul, ComponentName, ItemStatus, JobId, StatusUpdate, WorkItemId};
 use super::sql::{
     self, DESCRIBE_ITEM, EXTEND_LEASE, FIND_EXPIRED_LEASES, FINISH_ITEM, INSERT_AGGREGATE_ITEM,
-    INSERT_NEXT_STEP_ITEMS, PLAN_AGGREGATE_ITEM, REFRESH_JOB_STATUS,
+    INSERT_NEXT_STEP_ITEMS, LOCK_ITEM_OWNERS, PLAN_AGGREGATE_ITEM, REFRESH_JOB_STATUS,
 };
 use super::{Broker, BrokerError};
 
@@ -30,51 +31,118 @@ enum LeaseCondition {
     Expired,
 }
 
+/// A worker's report that ends its attempt, as the ending batches carry it.
+pub(super) struct AttemptEnding {
+    id: WorkItemId,
+    attempt: i32,
+    ending: Ending,
+}
+
 impl Broker {
     /// Applies a worker's report on the attempt it holds, and returns the item's status after
     /// it. A stale attempt or a finished item is a conflict and changes nothing.
+    ///
+    /// Reports that end attempts are written together with the others that arrive meanwhile,
+    /// in one transaction; the answer comes once it committed.
     pub async fn update_status(
         &self,
         id: WorkItemId,
         attempt: i32,
         update: StatusUpdate,
     ) -> Result<ItemStatus, BrokerError> {
-        match &update {
-            StatusUpdate::Successful { results, .. } => {
-                results.iter().try_for_each(|result| reject_nul(result, "a result"))?;
-            }
-            StatusUpdate::Failed { error: Some(error), .. } => {
-                reject_nul(&Value::String(error.clone()), "an error")?;
-            }
-            _ => {}
-        }
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
         let ending = match update {
-            // A heartbeat touches no counter, so it needs no user lock.
-            StatusUpdate::Running => {
-                let lease = self.lease_millis();
-                let extended =
-                    sql::query_opt(&tx, EXTEND_LEASE, &[&id.0, &attempt, &lease]).await?;
-                if extended.is_none() {
-                    return Err(why_not_applied(&tx, id, attempt).await?);
-                }
-                tx.commit().await?;
-                return Ok(ItemStatus::Running);
-            }
+            StatusUpdate::Running => return self.extend_lease(id, attempt).await,
             StatusUpdate::Successful { results, component } => {
+                results.iter().try_for_each(|result| reject_nul(result, "a result"))?;
                 Ending::Successful { results, component }
             }
-            StatusUpdate::Failed { error, retryable } => Ending::Failed { error, retryable },
-        };
-        match self.end_attempt(&tx, id, attempt, ending, LeaseCondition::Any).await? {
-            Some(ended) => {
-                tx.commit().await?;
-                self.after_release(&ended).await?;
-                Ok(ended.status)
+            StatusUpdate::Failed { error, retryable } => {
+                if let Some(error) = &error {
+                    reject_nul(&Value::String(error.clone()), "an error")?;
+                }
+                Ending::Failed { error, retryable }
             }
-            None => Err(why_not_applied(&tx, id, attempt).await?),
+        };
+        let broker = self.clone();
+        let run = move |endings: Vec<AttemptEnding>| {
+            let broker = broker.clone();
+            async move { broker.end_in_batch(endings).await }
+        };
+        let ending = AttemptEnding { id, attempt, ending };
+        self.endings.submit(ending, run).await.unwrap_or(Err(BrokerError::BatchLost))
+    }
+
+    /// A heartbeat touches no counter, so it needs no user lock and no batch.
+    async fn extend_lease(&self, id: WorkItemId, attempt: i32) -> Result<ItemStatus, BrokerError> {
+        let client = self.client().await?;
+        let lease = self.lease_millis();
+        if sql::query_opt(&client, EXTEND_LEASE, &[&id.0, &attempt, &lease]).await?.is_none() {
+            return Err(why_not_applied(&client, id, attempt).await?);
         }
+        Ok(ItemStatus::Running)
+    }
+
+    /// Ends the attempts of a batch in one transaction. Should that transaction fail, each
+    /// ending is tried alone, so that it gets its own answer or error.
+    async fn end_in_batch(
+        &self,
+        endings: Vec<AttemptEnding>,
+    ) -> Vec<Result<ItemStatus, BrokerError>> {
+        match self.end_batch(&endings).await {
+            Ok(outcomes) => outcomes,
+            Err(error) if endings.len() == 1 => vec![Err(error)],
+            Err(error) => {
+                tracing::warn!(%error, endings = endings.len(), "ending batch failed; ending one by one");
+                let mut outcomes = Vec::with_capacity(endings.len());
+                for ending in &endings {
+                    outcomes.push(match self.end_batch(std::slice::from_ref(ending)).await {
+                        Ok(mut outcome) => outcome.pop().unwrap_or(Err(BrokerError::BatchLost)),
+                        Err(error) => Err(error),
+                    });
+                }
+                outcomes
+            }
+        }
+    }
+
+    /// Every owner's users row is locked first, in the one order all transactions use, then
+    /// each attempt ends; the tenant rows come last, in key order (see V2).
+    async fn end_batch(
+        &self,
+        endings: &[AttemptEnding],
+    ) -> Result<Vec<Result<ItemStatus, BrokerError>>, BrokerError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let alone = endings.len() == 1;
+        if !alone {
+            let ids: Vec<i64> = endings.iter().map(|ending| ending.id.0).collect();
+            sql::execute(&tx, LOCK_ITEM_OWNERS, &[&ids]).await?;
+        }
+        let mut tenant_deltas = TenantDeltas::default();
+        let mut outcomes = Vec::with_capacity(endings.len());
+        let mut released = Vec::with_capacity(endings.len());
+        for AttemptEnding { id, attempt, ending } in endings {
+            let condition = LeaseCondition::Any;
+            let ended = self
+                .end_attempt(&tx, *id, *attempt, ending, condition, &mut tenant_deltas, alone)
+                .await?;
+            match ended {
+                Some(ended) => {
+                    outcomes.push(Ok(ended.status));
+                    released.push(ended);
+                }
+                None => outcomes.push(Err(why_not_applied(&tx, *id, *attempt).await?)),
+            }
+        }
+        tenant_deltas.apply(&tx).await?;
+        tx.commit().await?;
+        for ended in &released {
+            // The endings are committed: what follows must not turn them into errors.
+            if let Err(error) = self.after_release(ended).await {
+                tracing::warn!(%error, "after an attempt ended");
+            }
+        }
+        Ok(outcomes)
     }
 
     /// Treats every expired lease (up to `limit`) as a retryable failure. Safe to run in several
@@ -93,9 +161,13 @@ impl Broker {
             let tx = client.transaction().await?;
             let ending =
                 Ending::Failed { error: Some("lease expired".to_owned()), retryable: true };
-            if let Some(ended) =
-                self.end_attempt(&tx, id, attempt, ending, LeaseCondition::Expired).await?
+            let mut tenant_deltas = TenantDeltas::default();
+            let condition = LeaseCondition::Expired;
+            if let Some(ended) = self
+                .end_attempt(&tx, id, attempt, &ending, condition, &mut tenant_deltas, true)
+                .await?
             {
+                tenant_deltas.apply(&tx).await?;
                 tx.commit().await?;
                 self.after_release(&ended).await?;
                 reaped += 1;
@@ -105,27 +177,32 @@ impl Broker {
     }
 
     /// Records how an attempt ended, moves the counters, grows the workflow and finishes the
-    /// job when nothing is left. None when the attempt is not the running one.
+    /// job when nothing is left. None when the attempt is not the running one. The tenant rows'
+    /// changes are left in `tenant_deltas` for the caller to apply last, except that the only
+    /// ending of a transaction (`alone`) that changes one step applies its own in place.
+    #[allow(clippy::too_many_arguments)]
     async fn end_attempt(
         &self,
         tx: &impl GenericClient,
         id: WorkItemId,
         attempt: i32,
-        ending: Ending,
+        ending: &Ending,
         condition: LeaseCondition,
+        tenant_deltas: &mut TenantDeltas,
+        alone: bool,
     ) -> Result<Option<Ended>, BrokerError> {
         let retry_allowed = i64::from(attempt) <= i64::from(self.settings.max_retries);
         let (status, results, next_component, error) = match ending {
             Ending::Successful { results, component } => {
-                (ItemStatus::Successful, Some(Value::Array(results)), component, None)
+                (ItemStatus::Successful, Some(Json(results)), component.as_ref(), None)
             }
             Ending::Failed { error, retryable: true } if retry_allowed => {
-                (ItemStatus::Ready, None, None, error)
+                (ItemStatus::Ready, None, None, error.as_deref())
             }
-            Ending::Failed { error, .. } => (ItemStatus::Failed, None, None, error),
+            Ending::Failed { error, .. } => (ItemStatus::Failed, None, None, error.as_deref()),
         };
         let expired_only = condition == LeaseCondition::Expired;
-        let next_component = next_component.as_ref().map(ComponentName::as_str);
+        let next_component = next_component.map(ComponentName::as_str);
         let params: sql::Params =
             &[&id.0, &attempt, &status.as_str(), &results, &error, &expired_only, &next_component];
         let Some(row) = sql::query_opt(tx, FINISH_ITEM, params).await? else {
@@ -145,15 +222,15 @@ impl Broker {
             ItemStatus::Successful => deltas.successful = 1,
             _ => deltas.failed = 1,
         }
-        let has_results = matches!(&results, Some(Value::Array(results)) if !results.is_empty());
+        let has_results = results.is_some_and(|Json(results)| !results.is_empty());
         let fans_out = next_step_aggregates == Some(false) && has_results;
         let may_aggregate = job_aggregates && status != ItemStatus::Ready;
-        let mut tenant_deltas = TenantDeltas::default();
-        // Most endings change one step only: their tenant row is then applied in place.
-        let tenant_row = if fans_out || may_aggregate {
-            TenantRow::Later(&mut tenant_deltas)
-        } else {
+        // Most endings change one step only: alone in the transaction, their tenant row is
+        // then applied in place.
+        let tenant_row = if alone && !fans_out && !may_aggregate {
             TenantRow::Now
+        } else {
+            TenantRow::Later(tenant_deltas)
         };
         let change = apply_step_deltas(tx, job_id, step, &component, deltas, tenant_row).await?;
         let service = change.service;
@@ -165,7 +242,7 @@ impl Broker {
             let created: i32 =
                 sql::query_one(tx, INSERT_NEXT_STEP_ITEMS, &[&id.0, &step]).await?.try_get(0)?;
             let ready = StepDeltas { ready: created, ..Default::default() };
-            let tenant_row = TenantRow::Later(&mut tenant_deltas);
+            let tenant_row = TenantRow::Later(tenant_deltas);
             open_items = apply_step_deltas(tx, job_id, next, &results_component, ready, tenant_row)
                 .await?
                 .job_open_items;
@@ -178,14 +255,13 @@ impl Broker {
                 sql::execute(tx, INSERT_AGGREGATE_ITEM, &[&job_id.0, &aggregate_step, &component])
                     .await?;
                 let ready = StepDeltas { ready: 1, ..Default::default() };
-                let tenant_row = TenantRow::Later(&mut tenant_deltas);
+                let tenant_row = TenantRow::Later(tenant_deltas);
                 open_items =
                     apply_step_deltas(tx, job_id, aggregate_step, &component, ready, tenant_row)
                         .await?
                         .job_open_items;
             }
         }
-        tenant_deltas.apply(tx).await?;
         if open_items == 0 {
             sql::execute(tx, REFRESH_JOB_STATUS, &[&job_id.0]).await?;
         }

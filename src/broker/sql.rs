@@ -21,7 +21,7 @@ statements! {
     APPLY_TENANT_DELTAS = "apply_tenant_deltas";
     CANCEL_JOB_ITEMS = "cancel_job_items";
     CHECK_CONSISTENCY = "check_consistency";
-    CLAIM_NEXT_ITEM = "claim_next_item";
+    CLAIM_ITEMS = "claim_items";
     COUNT_OUTSTANDING = "count_outstanding";
     CREATE_STEP_QUEUES = "create_step_queues";
     CREATE_TENANT = "create_tenant";
@@ -43,6 +43,7 @@ statements! {
     LIST_TENANTS = "list_tenants";
     LIST_USER_WORK = "list_user_work";
     LOCK_IDLE_TENANT_QUEUES = "lock_idle_tenant_queues";
+    LOCK_ITEM_OWNERS = "lock_item_owners";
     LOCK_JOB_OWNER = "lock_job_owner";
     LOCK_MEMBERSHIP = "lock_membership";
     LOCK_TENANT_LIMIT = "lock_tenant_limit";

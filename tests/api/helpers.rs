@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use fairway::config::{DatabaseArgs, ServeArgs};
+use fairway::config::{BatchArgs, DatabaseArgs, ServeArgs};
 use fairway::startup::Application;
 use reqwest::{Response, StatusCode};
 use serde_json::{json, Value};
@@ -146,6 +146,7 @@ pub fn default_args() -> ServeArgs {
         reap_interval: Duration::from_secs(1),
         querier_forget_delay: Duration::from_secs(60),
         max_body_bytes: 1024 * 1024,
+        batches: BatchArgs { batch_lanes: 2, batch_max: 32 },
     }
 }
 

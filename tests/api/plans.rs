@@ -194,14 +194,11 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
             "SELECT * FROM apply_step_deltas('{job}', 0, '{component}', -1, 1, 0, 0, 0, true)"
         );
         let claims = |querier: &str| {
-            (0..30)
-                .map(|worker| {
-                    format!(
-                        "SELECT * FROM claim_next_item('svc', '{querier}', {worker}, 300000, 1000, true)"
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join("; ")
+            format!(
+                "SELECT * FROM claim_items(array_fill('svc'::text, ARRAY[30]), \
+                 array_fill('{querier}'::text, ARRAY[30]), ARRAY(SELECT generate_series(0, 29)), \
+                 array_fill(1, ARRAY[30]), 300000, 1000)"
+            )
         };
         let tenant_deltas = format!(
             "SELECT apply_tenant_deltas(ARRAY['svc'], ARRAY['{component}'], ARRAY['tenant-7'], \

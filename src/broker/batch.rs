@@ -1,0 +1,167 @@
+//! Group commit in the broker. Requests of one kind (claims, or attempt endings) that arrive
+//! while earlier ones are being written queue up, and the next free lane takes all of them into
+//! one transaction. Under load that pays a commit, a round trip and a statement start per batch
+//! instead of per item; when requests are sparse each goes alone, without waiting for company.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::{oneshot, Semaphore};
+
+/// A queue of requests `R`, each answered with a `T`, worked off by a bounded number of lanes.
+pub struct Batches<R, T> {
+    inner: Arc<Inner<R, T>>,
+}
+
+impl<R, T> Clone for Batches<R, T> {
+    fn clone(&self) -> Self {
+        Self { inner: self.inner.clone() }
+    }
+}
+
+struct Inner<R, T> {
+    queue: Mutex<VecDeque<Queued<R, T>>>,
+    /// One permit per lane that may run a batch at the same time.
+    lanes: Arc<Semaphore>,
+    most: usize,
+}
+
+struct Queued<R, T> {
+    request: R,
+    answer: oneshot::Sender<T>,
+}
+
+impl<R: Send + 'static, T: Send + 'static> Batches<R, T> {
+    /// At most `lanes` batches run at once, each of at most `most` requests.
+    pub fn new(lanes: usize, most: usize) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                queue: Mutex::new(VecDeque::new()),
+                lanes: Arc::new(Semaphore::new(lanes.max(1))),
+                most: most.max(1),
+            }),
+        }
+    }
+
+    /// Queues `request` and waits for its answer. `run` answers one batch, one answer per
+    /// request and in their order; every caller passes an equivalent `run`, since whichever
+    /// lane is free runs the batch. None if the batch was lost (`run` panicked).
+    ///
+    /// The batch runs in a task of its own: a caller that goes away does not abort the
+    /// transaction of the others in its batch. Its request is dropped if no batch took it yet.
+    pub async fn submit<F, Fut>(&self, request: R, run: F) -> Option<T>
+    where
+        F: Fn(Vec<R>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Vec<T>> + Send,
+    {
+        let (answer, receiver) = oneshot::channel();
+        self.inner.lock().push_back(Queued { request, answer });
+        self.inner.start_lane(run);
+        receiver.await.ok()
+    }
+}
+
+impl<R: Send + 'static, T: Send + 'static> Inner<R, T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Queued<R, T>>> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts a lane unless every lane is busy: a busy lane takes the queue when it is done.
+    fn start_lane<F, Fut>(self: &Arc<Self>, run: F)
+    where
+        F: Fn(Vec<R>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Vec<T>> + Send,
+    {
+        let Ok(permit) = self.lanes.clone().try_acquire_owned() else {
+            return;
+        };
+        let inner = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let batch = inner.take_batch();
+                if batch.is_empty() {
+                    break;
+                }
+                let (requests, answers): (Vec<R>, Vec<oneshot::Sender<T>>) =
+                    batch.into_iter().map(|queued| (queued.request, queued.answer)).unzip();
+                for (answer, result) in answers.into_iter().zip(run(requests).await) {
+                    // The caller may have gone away meanwhile; its answer goes nowhere.
+                    let _ = answer.send(result);
+                }
+            }
+            drop(permit);
+            // A request queued after the queue was found empty, but before the permit went
+            // back, found every lane busy: it must not wait for the next caller.
+            if !inner.lock().is_empty() {
+                inner.start_lane(run);
+            }
+        });
+    }
+
+    /// The next batch: up to `most` queued requests whose callers still wait.
+    fn take_batch(&self) -> Vec<Queued<R, T>> {
+        let mut queue = self.lock();
+        let mut batch = Vec::with_capacity(queue.len().min(self.most));
+        while batch.len() < self.most {
+            match queue.pop_front() {
+                Some(queued) if queued.answer.is_closed() => continue,
+                Some(queued) => batch.push(queued),
+                None => break,
+            }
+        }
+        batch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use futures_util::future::join_all;
+
+    use super::*;
+
+    /// On one thread, all 64 requests are queued before the lane's task first runs.
+    #[tokio::test(flavor = "current_thread")]
+    async fn queued_requests_share_batches_and_each_gets_its_own_answer() {
+        let batches: Batches<u32, u32> = Batches::new(1, 8);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let calls = (0..64).map(|request| {
+            let runs = runs.clone();
+            batches.submit(request, move |batch: Vec<u32>| {
+                let runs = runs.clone();
+                async move {
+                    assert_eq!(batch.len(), 8);
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    batch.into_iter().map(|request| request * 10).collect::<Vec<_>>()
+                }
+            })
+        });
+        let answers = join_all(calls).await;
+        let expected: Vec<_> = (0..64).map(|request| Some(request * 10)).collect();
+        assert_eq!(answers, expected);
+        assert_eq!(runs.load(Ordering::SeqCst), 8);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_request_whose_caller_left_is_not_run() {
+        let batches: Batches<u32, u32> = Batches::new(1, 8);
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let run = |ran: Arc<Mutex<Vec<u32>>>| {
+            move |batch: Vec<u32>| {
+                let ran = ran.clone();
+                async move {
+                    ran.lock().unwrap_or_else(PoisonError::into_inner).extend(&batch);
+                    batch
+                }
+            }
+        };
+        // Polled once, so queued, then dropped before the lane's task could run.
+        let mut abandoned = Box::pin(batches.submit(1, run(ran.clone())));
+        assert!(futures_util::poll!(abandoned.as_mut()).is_pending());
+        drop(abandoned);
+        assert_eq!(batches.submit(2, run(ran.clone())).await, Some(2));
+        assert_eq!(*ran.lock().unwrap_or_else(PoisonError::into_inner), vec![2]);
+    }
+}
