@@ -69,7 +69,7 @@ DECLARE
     v_path text[];
     v_own record;
     v_child record;
-    v_step record;
+    v_item record;
     v_at timestamptz;
     v_counted boolean;
 BEGIN
@@ -201,79 +201,97 @@ BEGIN
                            = (v_pick.username, v_service, v_component, v_pick.tenant, v_path);
                 END LOOP;
 
-                -- 5. The node's best job step, then its lowest ready item.
-                SELECT uw.job_id, uw.step_index, uw.last_worked IS NULL AS first_claim
-                  INTO v_step
-                  FROM user_work uw
-                 WHERE uw.service = v_service
-                   AND uw.component = v_component
-                   AND uw.tenant = v_pick.tenant
-                   AND uw.username = v_pick.username
-                   AND uw.actor = v_path
-                   AND uw.ready_count > 0
-                   AND NOT uw.paused
-                 ORDER BY uw.is_async, uw.last_worked NULLS FIRST, uw.job_id, uw.step_index
-                 LIMIT 1;
-                CONTINUE looks WHEN NOT FOUND;
-
-                UPDATE work_items wi
-                   SET status = 'running',
-                       attempt = wi.attempt + 1,
-                       lease_expires_at = now() + p_lease_ms * interval '1 millisecond',
-                       querier = v_querier,
-                       worker = v_worker,
-                       updated_at = now()
-                 WHERE wi.id = (SELECT ready.id
-                                  FROM work_items ready
-                                 WHERE ready.job_id = v_step.job_id
-                                   AND ready.step_index = v_step.step_index
-                                   AND ready.component = v_component
-                                   AND ready.status = 'ready'
-                                 ORDER BY ready.id
-                                 LIMIT 1
-                                   FOR NO KEY UPDATE SKIP LOCKED)
-             RETURNING wi.id, wi.payload, wi.inputs, wi.attempt, wi.lease_expires_at
-                  INTO id, payload, inputs, attempt, lease_expires_at;
-                CONTINUE looks WHEN NOT FOUND;
-
-                -- 6. The counters, as in V2: one instant for every row this claim touches.
+                -- 5 and 6, in one statement: the node's best job step, its lowest ready item,
+                -- leased, and the counters moved with it (nothing moves if no item was free).
+                -- One instant for every row this claim touches, as in V2.
                 v_at := clock_timestamp();
-                UPDATE user_work uw
-                   SET ready_count = uw.ready_count - 1,
-                       running_count = uw.running_count + 1,
-                       last_worked = v_at
-                 WHERE (uw.job_id, uw.step_index, uw.component)
-                       = (v_step.job_id, v_step.step_index, v_component);
-                WITH user_counts AS (
+                WITH step AS (
+                    SELECT uw.job_id, uw.step_index, uw.last_worked IS NULL AS first_claim
+                      FROM user_work uw
+                     WHERE uw.service = v_service
+                       AND uw.component = v_component
+                       AND uw.tenant = v_pick.tenant
+                       AND uw.username = v_pick.username
+                       AND uw.actor = v_path
+                       AND uw.ready_count > 0
+                       AND NOT uw.paused
+                     ORDER BY uw.is_async, uw.last_worked NULLS FIRST, uw.job_id, uw.step_index
+                     LIMIT 1
+                ), item AS (
+                    UPDATE work_items wi
+                       SET status = 'running',
+                           attempt = wi.attempt + 1,
+                           lease_expires_at = now() + p_lease_ms * interval '1 millisecond',
+                           querier = v_querier,
+                           worker = v_worker,
+                           updated_at = now()
+                      FROM step
+                     -- LATERAL, so that the ready items are read in index order, and only
+                     -- until the first free one.
+                     WHERE wi.id = (SELECT first_free.id
+                                      FROM step s
+                                     CROSS JOIN LATERAL (
+                                           SELECT ready.id
+                                             FROM work_items ready
+                                            WHERE ready.job_id = s.job_id
+                                              AND ready.step_index = s.step_index
+                                              AND ready.component = v_component
+                                              AND ready.status = 'ready'
+                                            ORDER BY ready.id
+                                            LIMIT 1
+                                              FOR NO KEY UPDATE SKIP LOCKED
+                                           ) first_free)
+                 RETURNING wi.id, wi.job_id, wi.step_index, wi.payload, wi.inputs, wi.attempt,
+                           wi.lease_expires_at, step.first_claim
+                ), counted_step AS (
+                    UPDATE user_work uw
+                       SET ready_count = uw.ready_count - 1,
+                           running_count = uw.running_count + 1,
+                           last_worked = v_at
+                      FROM item
+                     WHERE (uw.job_id, uw.step_index, uw.component)
+                           = (item.job_id, item.step_index, v_component)
+                ), user_counts AS (
                     UPDATE users u
                        SET running_count = u.running_count + 1,
                            last_worked = v_at
                      WHERE u.username = v_pick.username
+                       AND EXISTS (SELECT 1 FROM item)
                  RETURNING u.running_count
+                ), queues AS (
+                    -- Every row of the user takes the new copies; the claimed queue's row also
+                    -- its counts, and its own-jobs counts when the job has no actor path.
+                    UPDATE service_users su
+                       SET running_count = uc.running_count,
+                           last_worked = v_at,
+                           ready_count = su.ready_count
+                               - CASE WHEN (su.service, su.component, su.tenant)
+                                           = (v_service, v_component, v_pick.tenant)
+                                      THEN 1 ELSE 0 END,
+                           local_ready = su.local_ready
+                               - CASE WHEN (su.service, su.component, su.tenant)
+                                           = (v_service, v_component, v_pick.tenant)
+                                       AND v_path = '{}'
+                                      THEN 1 ELSE 0 END,
+                           local_running = su.local_running
+                               + CASE WHEN (su.service, su.component, su.tenant)
+                                           = (v_service, v_component, v_pick.tenant)
+                                       AND v_path = '{}'
+                                      THEN 1 ELSE 0 END,
+                           local_last_worked = CASE WHEN (su.service, su.component, su.tenant)
+                                                         = (v_service, v_component, v_pick.tenant)
+                                                     AND v_path = '{}'
+                                                    THEN v_at ELSE su.local_last_worked END
+                      FROM user_counts uc
+                     WHERE su.username = v_pick.username
                 )
-                UPDATE service_users su
-                   SET running_count = uc.running_count,
-                       last_worked = v_at,
-                       ready_count = su.ready_count
-                           - CASE WHEN (su.service, su.component, su.tenant)
-                                       = (v_service, v_component, v_pick.tenant)
-                                  THEN 1 ELSE 0 END,
-                       local_ready = su.local_ready
-                           - CASE WHEN (su.service, su.component, su.tenant)
-                                       = (v_service, v_component, v_pick.tenant)
-                                   AND v_path = '{}'
-                                  THEN 1 ELSE 0 END,
-                       local_running = su.local_running
-                           + CASE WHEN (su.service, su.component, su.tenant)
-                                       = (v_service, v_component, v_pick.tenant)
-                                   AND v_path = '{}'
-                                  THEN 1 ELSE 0 END,
-                       local_last_worked = CASE WHEN (su.service, su.component, su.tenant)
-                                                     = (v_service, v_component, v_pick.tenant)
-                                                 AND v_path = '{}'
-                                                THEN v_at ELSE su.local_last_worked END
-                  FROM user_counts uc
-                 WHERE su.username = v_pick.username;
+                SELECT item.id, item.job_id, item.step_index, item.payload, item.inputs,
+                       item.attempt, item.lease_expires_at, item.first_claim
+                  INTO v_item
+                  FROM item;
+                -- No claimable step after all, or its last ready item went to another claim or
+                -- a cancel in between: look again.
+                CONTINUE looks WHEN v_item.id IS NULL;
                 IF v_path <> '{}' THEN
                     UPDATE actor_queues a
                        SET ready_count = a.ready_count - 1,
@@ -309,17 +327,22 @@ BEGIN
                     v_holds_tenant := true;
                 END IF;
                 -- Only a step never worked before can belong to a job not yet running.
-                IF v_step.first_claim THEN
+                IF v_item.first_claim THEN
                     UPDATE jobs j
                        SET status = 'running', updated_at = now()
-                     WHERE j.job_id = v_step.job_id
+                     WHERE j.job_id = v_item.job_id
                        AND j.status = 'accepted';
                 END IF;
 
                 v_claimed := v_claimed + 1;
                 username := v_pick.username;
-                job_id := v_step.job_id;
-                step_index := v_step.step_index;
+                id := v_item.id;
+                job_id := v_item.job_id;
+                step_index := v_item.step_index;
+                payload := v_item.payload;
+                inputs := v_item.inputs;
+                attempt := v_item.attempt;
+                lease_expires_at := v_item.lease_expires_at;
                 component := v_component;
                 tenant := v_pick.tenant;
                 actor := v_path;
@@ -446,3 +469,119 @@ BEGIN
     END IF;
 END;
 $deltas$;
+
+-- A batch of attempt endings in one statement: ending i records status p_statuses[i]
+-- ('successful', 'failed', or 'ready' for a retry) for the current attempt p_attempts[i] of
+-- running item p_ids[i], with results p_results[i], error p_errors[i] and p_next_components[i]
+-- the component its results go on to (NULL: its own); with p_expired_only, only if the lease
+-- has expired (the reaper's case). Each moves its step's counters (apply_step_deltas) and
+-- wakes the service's waiting workers if the user's work became claimable.
+--
+-- The owner's users row is locked first (the lock order), in the same statement as the item's
+-- update, so that the item's conditions are checked against its latest version after any wait
+-- (a caller ending several attempts has locked all their owners, in order, beforehand).
+--
+-- Returns a row per ending that applied (none for a stale attempt, an item that is not
+-- running, or no such item), with what the workflow needs next: whether the next step
+-- aggregates, whether any step of the job does; and whether the tenant's row was brought up to
+-- date here (only for a lone ending that changes one step; otherwise the caller applies the
+-- tenant deltas last, with those of the workflow's growth).
+CREATE FUNCTION finish_items(
+    p_ids bigint[],
+    p_attempts integer[],
+    p_statuses text[],
+    p_results jsonb[],
+    p_errors text[],
+    p_next_components text[],
+    p_expired_only boolean
+)
+RETURNS TABLE (
+    ending integer,
+    job_id uuid,
+    step_index integer,
+    component text,
+    results_component text,
+    querier_leaving boolean,
+    next_step_aggregates boolean,
+    job_aggregates boolean,
+    service text,
+    tenant text,
+    became_claimable boolean,
+    tenant_applied boolean,
+    job_open_items integer
+)
+LANGUAGE plpgsql
+AS $finish$
+#variable_conflict use_column
+DECLARE
+    v_status text;
+    v_change record;
+BEGIN
+    FOR i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
+        v_status := p_statuses[i];
+        WITH owner AS (
+            SELECT u.username
+              FROM users u
+             WHERE u.username = (
+                       SELECT j.username
+                         FROM work_items wi
+                         JOIN jobs j ON j.job_id = wi.job_id
+                        WHERE wi.id = p_ids[i]
+                   )
+               FOR NO KEY UPDATE
+        )
+        UPDATE work_items wi
+           SET status = v_status::work_item_status,
+               results = p_results[i],
+               error = p_errors[i],
+               next_component = p_next_components[i],
+               lease_expires_at = NULL,
+               updated_at = now()
+         WHERE wi.id = p_ids[i]
+           AND wi.attempt = p_attempts[i]
+           -- Running, spelled so that only the primary key can find the item (see above).
+           AND wi.lease_expires_at IS NOT NULL
+           AND (NOT p_expired_only OR wi.lease_expires_at <= now())
+           AND EXISTS (SELECT 1 FROM owner)
+        RETURNING wi.job_id,
+                  wi.step_index,
+                  wi.component,
+                  coalesce(wi.next_component, wi.component),
+                  coalesce((SELECT q.state = 'shutting_down'
+                              FROM queriers q
+                             WHERE q.querier = wi.querier), false),
+                  (SELECT next.aggregate
+                     FROM job_steps next
+                    WHERE next.job_id = wi.job_id
+                      AND next.step_index = wi.step_index + 1),
+                  EXISTS (SELECT 1
+                            FROM job_steps agg
+                           WHERE agg.job_id = wi.job_id
+                             AND agg.aggregate)
+             INTO job_id, step_index, component, results_component, querier_leaving,
+                  next_step_aggregates, job_aggregates;
+        CONTINUE WHEN NOT FOUND;
+
+        -- Alone in its transaction and changing no other step: its tenant row is applied here.
+        tenant_applied := cardinality(p_ids) = 1
+            AND NOT (next_step_aggregates IS FALSE
+                     AND jsonb_array_length(coalesce(p_results[i], '[]')) > 0)
+            AND NOT (job_aggregates AND v_status <> 'ready');
+        SELECT *
+          INTO v_change
+          FROM apply_step_deltas(job_id, step_index, component,
+                                 (v_status = 'ready')::integer, -1,
+                                 (v_status = 'successful')::integer,
+                                 (v_status = 'failed')::integer, 0, tenant_applied) d;
+        IF v_change.became_claimable THEN
+            PERFORM pg_notify('fairway_work_ready', v_change.service);
+        END IF;
+        ending := i;
+        service := v_change.service;
+        tenant := v_change.tenant;
+        became_claimable := v_change.became_claimable;
+        job_open_items := v_change.job_open_items;
+        RETURN NEXT;
+    END LOOP;
+END;
+$finish$;

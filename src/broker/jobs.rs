@@ -49,6 +49,21 @@ pub(super) enum TenantRow<'a> {
 }
 
 impl TenantDeltas {
+    pub(super) fn push(
+        &mut self,
+        service: String,
+        component: String,
+        tenant: String,
+        running: i32,
+        activate: bool,
+    ) {
+        self.services.push(service);
+        self.components.push(component);
+        self.tenants.push(tenant);
+        self.running.push(running);
+        self.activate.push(activate);
+    }
+
     pub(super) async fn apply(self, tx: &impl GenericClient) -> Result<(), BrokerError> {
         if self.services.is_empty() {
             return Ok(());
@@ -60,16 +75,10 @@ impl TenantDeltas {
     }
 }
 
-/// A job step after its counts moved.
-pub(super) struct StepChange {
-    pub service: String,
-    pub job_open_items: i32,
-}
-
 /// Moves the counts of a step's items of one component (and the user's fair-order rows with
 /// them), and wakes waiting workers when the user's work for the service became claimable. The
-/// caller holds the user's row lock. Returns the step's service and how many items of the whole
-/// job are still ready or running.
+/// caller holds the user's row lock. Returns how many items of the whole job are still ready or
+/// running.
 pub(super) async fn apply_step_deltas(
     tx: &impl GenericClient,
     job_id: JobId,
@@ -77,7 +86,7 @@ pub(super) async fn apply_step_deltas(
     component: &str,
     deltas: StepDeltas,
     tenant_row: TenantRow<'_>,
-) -> Result<StepChange, BrokerError> {
+) -> Result<i32, BrokerError> {
     let tenant_now = matches!(tenant_row, TenantRow::Now);
     let row = sql::query_one(
         tx,
@@ -106,13 +115,10 @@ pub(super) async fn apply_step_deltas(
         sql::execute(tx, NOTIFY_WORK_READY, &[&service]).await?;
     }
     if let TenantRow::Later(tenant_deltas) = tenant_row {
-        tenant_deltas.services.push(service.clone());
-        tenant_deltas.components.push(component.to_owned());
-        tenant_deltas.tenants.push(row.try_get("tenant")?);
-        tenant_deltas.running.push(deltas.running);
-        tenant_deltas.activate.push(became_claimable);
+        let tenant = row.try_get("tenant")?;
+        tenant_deltas.push(service, component.to_owned(), tenant, deltas.running, became_claimable);
     }
-    Ok(StepChange { service, job_open_items: row.try_get("job_open_items")? })
+    Ok(row.try_get("job_open_items")?)
 }
 
 impl Broker {

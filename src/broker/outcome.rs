@@ -1,11 +1,12 @@
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 use tokio_postgres::types::Json;
+use tokio_postgres::Row;
 
 use super::jobs::{apply_step_deltas, create_step_queues, StepDeltas, TenantDeltas, TenantRow};
 use super::model::{reject_nul, ComponentName, ItemStatus, JobId, StatusUpdate, WorkItemId};
 use super::sql::{
-    self, DESCRIBE_ITEM, EXTEND_LEASE, FIND_EXPIRED_LEASES, FINISH_ITEM, INSERT_AGGREGATE_ITEM,
+    self, DESCRIBE_ITEM, EXTEND_LEASE, FIND_EXPIRED_LEASES, FINISH_ITEMS, INSERT_AGGREGATE_ITEM,
     INSERT_NEXT_STEP_ITEMS, LOCK_ITEM_OWNERS, PLAN_AGGREGATE_ITEM, REFRESH_JOB_STATUS,
 };
 use super::{Broker, BrokerError};
@@ -16,12 +17,19 @@ enum Ending {
     Failed { error: Option<String>, retryable: bool },
 }
 
-/// An attempt that ended: the item's status now, its service, and whether the querier that
-/// held it is shutting down (it may have released its last lease).
+/// An attempt that ended: its service, and whether the querier that held it is shutting down
+/// (it may have released its last lease).
 struct Ended {
-    status: ItemStatus,
     service: String,
     querier_leaving: bool,
+}
+
+/// What an ending records on its item.
+struct Recorded<'a> {
+    status: ItemStatus,
+    results: Option<&'a Vec<Value>>,
+    error: Option<&'a str>,
+    next_component: Option<&'a str>,
 }
 
 /// Whether an ending applies to any running attempt, or only to one whose lease has expired.
@@ -88,51 +96,99 @@ impl Broker {
         &self,
         endings: Vec<AttemptEnding>,
     ) -> Vec<Result<ItemStatus, BrokerError>> {
-        match self.end_batch(&endings).await {
+        match self.end_batch(&endings, LeaseCondition::Any).await {
             Ok(outcomes) => outcomes,
             Err(error) if endings.len() == 1 => vec![Err(error)],
             Err(error) => {
                 tracing::warn!(%error, endings = endings.len(), "ending batch failed; ending one by one");
                 let mut outcomes = Vec::with_capacity(endings.len());
                 for ending in &endings {
-                    outcomes.push(match self.end_batch(std::slice::from_ref(ending)).await {
-                        Ok(mut outcome) => outcome.pop().unwrap_or(Err(BrokerError::BatchLost)),
-                        Err(error) => Err(error),
-                    });
+                    outcomes.push(
+                        match self
+                            .end_batch(std::slice::from_ref(ending), LeaseCondition::Any)
+                            .await
+                        {
+                            Ok(mut outcome) => outcome.pop().unwrap_or(Err(BrokerError::BatchLost)),
+                            Err(error) => Err(error),
+                        },
+                    );
                 }
                 outcomes
             }
         }
     }
 
+    /// Treats every expired lease (up to `limit`) as a retryable failure, each in its own
+    /// transaction. Safe to run in several brokers at once: an item another reaper or its
+    /// worker settled first is left alone. Returns how many leases it expired.
+    pub async fn reap_expired_leases(&self, limit: i64) -> Result<usize, BrokerError> {
+        let expired = {
+            let client = self.client().await?;
+            sql::query(&client, FIND_EXPIRED_LEASES, &[&limit]).await?
+        };
+        let mut reaped = 0;
+        for row in expired {
+            let ending = AttemptEnding {
+                id: WorkItemId(row.try_get("id")?),
+                attempt: row.try_get("attempt")?,
+                ending: Ending::Failed { error: Some("lease expired".to_owned()), retryable: true },
+            };
+            let outcomes = self.end_batch(&[ending], LeaseCondition::Expired).await?;
+            reaped += outcomes.iter().filter(|outcome| outcome.is_ok()).count();
+        }
+        Ok(reaped)
+    }
+
     /// Every owner's users row is locked first, in the one order all transactions use, then
-    /// each attempt ends; the tenant rows come last, in key order (see V2).
+    /// the attempts end in one statement and the workflows grow; the tenant rows come last, in
+    /// key order (see V2). Answers each ending: its item's status, or why it did not apply.
     async fn end_batch(
         &self,
         endings: &[AttemptEnding],
+        condition: LeaseCondition,
     ) -> Result<Vec<Result<ItemStatus, BrokerError>>, BrokerError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        let alone = endings.len() == 1;
-        if !alone {
-            let ids: Vec<i64> = endings.iter().map(|ending| ending.id.0).collect();
+        let ids: Vec<i64> = endings.iter().map(|ending| ending.id.0).collect();
+        if endings.len() > 1 {
             sql::execute(&tx, LOCK_ITEM_OWNERS, &[&ids]).await?;
         }
+        let recorded: Vec<Recorded> = endings.iter().map(|ending| self.record(ending)).collect();
+        let attempts: Vec<i32> = endings.iter().map(|ending| ending.attempt).collect();
+        let statuses: Vec<&str> = recorded.iter().map(|r| r.status.as_str()).collect();
+        let results: Vec<Option<Json<&Vec<Value>>>> =
+            recorded.iter().map(|r| r.results.map(Json)).collect();
+        let errors: Vec<Option<&str>> = recorded.iter().map(|r| r.error).collect();
+        let next_components: Vec<Option<&str>> =
+            recorded.iter().map(|r| r.next_component).collect();
+        let expired_only = condition == LeaseCondition::Expired;
+        let params: sql::Params =
+            &[&ids, &attempts, &statuses, &results, &errors, &next_components, &expired_only];
+        let finished = sql::query(&tx, FINISH_ITEMS, params).await?;
+
+        let mut outcomes: Vec<Option<Result<ItemStatus, BrokerError>>> =
+            endings.iter().map(|_| None).collect();
         let mut tenant_deltas = TenantDeltas::default();
-        let mut outcomes = Vec::with_capacity(endings.len());
-        let mut released = Vec::with_capacity(endings.len());
-        for AttemptEnding { id, attempt, ending } in endings {
-            let condition = LeaseCondition::Any;
-            let ended = self
-                .end_attempt(&tx, *id, *attempt, ending, condition, &mut tenant_deltas, alone)
-                .await?;
-            match ended {
-                Some(ended) => {
-                    outcomes.push(Ok(ended.status));
-                    released.push(ended);
-                }
-                None => outcomes.push(Err(why_not_applied(&tx, *id, *attempt).await?)),
-            }
+        let mut released = Vec::with_capacity(finished.len());
+        for row in &finished {
+            let index = usize::try_from(row.try_get::<_, i32>("ending")? - 1)
+                .ok()
+                .filter(|index| *index < endings.len())
+                .ok_or(BrokerError::BatchLost)?;
+            let ending = &endings[index];
+            let status = recorded[index].status;
+            self.grow_workflow(&tx, ending, status, row, &mut tenant_deltas).await?;
+            let service: String = row.try_get("service")?;
+            let querier_leaving: bool = row.try_get("querier_leaving")?;
+            released.push(Ended { service, querier_leaving });
+            outcomes[index] = Some(Ok(status));
+        }
+        let mut answers = Vec::with_capacity(endings.len());
+        for (outcome, ending) in outcomes.into_iter().zip(endings) {
+            answers.push(match outcome {
+                Some(outcome) => outcome,
+                None => Err(why_not_applied(&tx, ending.id, ending.attempt).await?),
+            });
         }
         tenant_deltas.apply(&tx).await?;
         tx.commit().await?;
@@ -142,112 +198,73 @@ impl Broker {
                 tracing::warn!(%error, "after an attempt ended");
             }
         }
-        Ok(outcomes)
+        Ok(answers)
     }
 
-    /// Treats every expired lease (up to `limit`) as a retryable failure. Safe to run in several
-    /// brokers at once: an item another reaper or its worker settled first is left alone.
-    /// Returns how many leases it expired.
-    pub async fn reap_expired_leases(&self, limit: i64) -> Result<usize, BrokerError> {
-        let expired = {
-            let client = self.client().await?;
-            sql::query(&client, FIND_EXPIRED_LEASES, &[&limit]).await?
-        };
-        let mut reaped = 0;
-        for row in expired {
-            let id = WorkItemId(row.try_get("id")?);
-            let attempt: i32 = row.try_get("attempt")?;
-            let mut client = self.client().await?;
-            let tx = client.transaction().await?;
-            let ending =
-                Ending::Failed { error: Some("lease expired".to_owned()), retryable: true };
-            let mut tenant_deltas = TenantDeltas::default();
-            let condition = LeaseCondition::Expired;
-            if let Some(ended) = self
-                .end_attempt(&tx, id, attempt, &ending, condition, &mut tenant_deltas, true)
-                .await?
-            {
-                tenant_deltas.apply(&tx).await?;
-                tx.commit().await?;
-                self.after_release(&ended).await?;
-                reaped += 1;
-            }
+    /// What an ending records on its item: a retryable failure is a retry while retries last.
+    fn record<'a>(&self, ending: &'a AttemptEnding) -> Recorded<'a> {
+        let retry_allowed = i64::from(ending.attempt) <= i64::from(self.settings.max_retries);
+        match &ending.ending {
+            Ending::Successful { results, component } => Recorded {
+                status: ItemStatus::Successful,
+                results: Some(results),
+                error: None,
+                next_component: component.as_ref().map(ComponentName::as_str),
+            },
+            Ending::Failed { error, retryable } => Recorded {
+                status: if *retryable && retry_allowed {
+                    ItemStatus::Ready
+                } else {
+                    ItemStatus::Failed
+                },
+                results: None,
+                error: error.as_deref(),
+                next_component: None,
+            },
         }
-        Ok(reaped)
     }
 
-    /// Records how an attempt ended, moves the counters, grows the workflow and finishes the
-    /// job when nothing is left. None when the attempt is not the running one. The tenant rows'
-    /// changes are left in `tenant_deltas` for the caller to apply last, except that the only
-    /// ending of a transaction (`alone`) that changes one step applies its own in place.
-    #[allow(clippy::too_many_arguments)]
-    async fn end_attempt(
+    /// After an ending applied (`finished`, its row from finish_items): the next step's items
+    /// from its results, the aggregate once its inputs are all in, and the job's end when
+    /// nothing is left. Their tenant rows' changes, and the ending's own unless it applied them,
+    /// go to `tenant_deltas`.
+    async fn grow_workflow(
         &self,
         tx: &impl GenericClient,
-        id: WorkItemId,
-        attempt: i32,
-        ending: &Ending,
-        condition: LeaseCondition,
+        ending: &AttemptEnding,
+        status: ItemStatus,
+        finished: &Row,
         tenant_deltas: &mut TenantDeltas,
-        alone: bool,
-    ) -> Result<Option<Ended>, BrokerError> {
-        let retry_allowed = i64::from(attempt) <= i64::from(self.settings.max_retries);
-        let (status, results, next_component, error) = match ending {
-            Ending::Successful { results, component } => {
-                (ItemStatus::Successful, Some(Json(results)), component.as_ref(), None)
-            }
-            Ending::Failed { error, retryable: true } if retry_allowed => {
-                (ItemStatus::Ready, None, None, error.as_deref())
-            }
-            Ending::Failed { error, .. } => (ItemStatus::Failed, None, None, error.as_deref()),
-        };
-        let expired_only = condition == LeaseCondition::Expired;
-        let next_component = next_component.map(ComponentName::as_str);
-        let params: sql::Params =
-            &[&id.0, &attempt, &status.as_str(), &results, &error, &expired_only, &next_component];
-        let Some(row) = sql::query_opt(tx, FINISH_ITEM, params).await? else {
-            return Ok(None);
-        };
-        let job_id = JobId(row.try_get("job_id")?);
-        let step: i32 = row.try_get("step_index")?;
-        let component: String = row.try_get("component")?;
-        let results_component: String = row.try_get("results_component")?;
-        let querier_leaving: bool = row.try_get("querier_leaving")?;
-        let next_step_aggregates: Option<bool> = row.try_get("next_step_aggregates")?;
-        let job_aggregates: bool = row.try_get("job_aggregates")?;
-
-        let mut deltas = StepDeltas { running: -1, ..Default::default() };
-        match status {
-            ItemStatus::Ready => deltas.ready = 1,
-            ItemStatus::Successful => deltas.successful = 1,
-            _ => deltas.failed = 1,
+    ) -> Result<(), BrokerError> {
+        let job_id = JobId(finished.try_get("job_id")?);
+        let step: i32 = finished.try_get("step_index")?;
+        let mut open_items: i32 = finished.try_get("job_open_items")?;
+        if !finished.try_get::<_, bool>("tenant_applied")? {
+            tenant_deltas.push(
+                finished.try_get("service")?,
+                finished.try_get("component")?,
+                finished.try_get("tenant")?,
+                -1,
+                finished.try_get("became_claimable")?,
+            );
         }
-        let has_results = results.is_some_and(|Json(results)| !results.is_empty());
-        let fans_out = next_step_aggregates == Some(false) && has_results;
-        let may_aggregate = job_aggregates && status != ItemStatus::Ready;
-        // Most endings change one step only: alone in the transaction, their tenant row is
-        // then applied in place.
-        let tenant_row = if alone && !fans_out && !may_aggregate {
-            TenantRow::Now
-        } else {
-            TenantRow::Later(tenant_deltas)
-        };
-        let change = apply_step_deltas(tx, job_id, step, &component, deltas, tenant_row).await?;
-        let service = change.service;
-        let mut open_items = change.job_open_items;
-
-        if fans_out {
+        let has_results =
+            matches!(&ending.ending, Ending::Successful { results, .. } if !results.is_empty());
+        let next_step_aggregates: Option<bool> = finished.try_get("next_step_aggregates")?;
+        if next_step_aggregates == Some(false) && has_results {
+            let results_component: String = finished.try_get("results_component")?;
             let next = step + 1;
             create_step_queues(tx, job_id, next, &[&results_component]).await?;
-            let created: i32 =
-                sql::query_one(tx, INSERT_NEXT_STEP_ITEMS, &[&id.0, &step]).await?.try_get(0)?;
+            let created: i32 = sql::query_one(tx, INSERT_NEXT_STEP_ITEMS, &[&ending.id.0, &step])
+                .await?
+                .try_get(0)?;
             let ready = StepDeltas { ready: created, ..Default::default() };
             let tenant_row = TenantRow::Later(tenant_deltas);
-            open_items = apply_step_deltas(tx, job_id, next, &results_component, ready, tenant_row)
-                .await?
-                .job_open_items;
+            open_items =
+                apply_step_deltas(tx, job_id, next, &results_component, ready, tenant_row).await?;
         }
-        if may_aggregate {
+        let job_aggregates: bool = finished.try_get("job_aggregates")?;
+        if job_aggregates && status != ItemStatus::Ready {
             if let Some(row) = sql::query_opt(tx, PLAN_AGGREGATE_ITEM, &[&job_id.0]).await? {
                 let aggregate_step: i32 = row.try_get("step_index")?;
                 let component: String = row.try_get("component")?;
@@ -258,14 +275,13 @@ impl Broker {
                 let tenant_row = TenantRow::Later(tenant_deltas);
                 open_items =
                     apply_step_deltas(tx, job_id, aggregate_step, &component, ready, tenant_row)
-                        .await?
-                        .job_open_items;
+                        .await?;
             }
         }
         if open_items == 0 {
             sql::execute(tx, REFRESH_JOB_STATUS, &[&job_id.0]).await?;
         }
-        Ok(Some(Ended { status, service, querier_leaving }))
+        Ok(())
     }
 }
 

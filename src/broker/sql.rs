@@ -29,7 +29,7 @@ statements! {
     DESCRIBE_ITEM = "describe_item";
     EXTEND_LEASE = "extend_lease";
     FIND_EXPIRED_LEASES = "find_expired_leases";
-    FINISH_ITEM = "finish_item";
+    FINISH_ITEMS = "finish_items";
     GET_JOB = "get_job";
     GET_JOB_STEPS = "get_job_steps";
     HAS_CLAIMABLE_WORK = "has_claimable_work";
