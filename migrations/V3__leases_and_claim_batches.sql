@@ -60,6 +60,10 @@ DECLARE
     v_service text;
     v_querier text;
     v_worker integer;
+    i integer;
+    -- The service and querier whose membership and components were last looked up.
+    v_checked_service text;
+    v_checked_querier text;
     v_components text[];
     v_count integer;
     v_claimed integer;
@@ -73,7 +77,12 @@ DECLARE
     v_at timestamptz;
     v_counted boolean;
 BEGIN
-    FOR i IN 1 .. coalesce(cardinality(p_services), 0) LOOP
+    -- In (service, querier) order, so that the membership check and the component list are
+    -- made once per querier and service in the batch.
+    FOR i IN SELECT r.i
+               FROM unnest(p_services, p_queriers) WITH ORDINALITY AS r(service, querier, i)
+              ORDER BY r.service, r.querier, r.i
+    LOOP
         request := i;
         v_service := p_services[i];
         v_querier := p_queriers[i];
@@ -91,45 +100,50 @@ BEGIN
         tenant := NULL;
         actor := NULL;
 
-        SELECT q.state::text INTO querier_state FROM queriers q WHERE q.querier = v_querier;
+        IF (v_service, v_querier) IS DISTINCT FROM (v_checked_service, v_checked_querier) THEN
+            v_checked_service := v_service;
+            v_checked_querier := v_querier;
+            SELECT q.state::text INTO querier_state FROM queriers q WHERE q.querier = v_querier;
+            -- The row is shared by all of the querier's workers: one of them moves it, the rest
+            -- skip. (No row when the querier is not a member.)
+            PERFORM 1
+               FROM queriers q
+              WHERE q.querier = v_querier
+                AND q.last_seen < now() - p_touch_ms * interval '1 millisecond'
+                FOR NO KEY UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                UPDATE queriers q SET last_seen = now() WHERE q.querier = v_querier;
+            END IF;
+
+            -- 1. A skip scan over tenant_queues, one probe per component.
+            WITH RECURSIVE components AS (
+                (SELECT tq.component
+                   FROM tenant_queues tq
+                  WHERE tq.service = v_service
+                    AND tq.active
+                  ORDER BY tq.component
+                  LIMIT 1)
+                UNION ALL
+                SELECT (SELECT tq.component
+                          FROM tenant_queues tq
+                         WHERE tq.service = v_service
+                           AND tq.active
+                           AND tq.component > c.component
+                         ORDER BY tq.component
+                         LIMIT 1)
+                  FROM components c
+                 WHERE c.component IS NOT NULL
+            )
+            SELECT array_agg(c.component ORDER BY c.component)
+              INTO v_components
+              FROM components c
+             WHERE c.component IS NOT NULL;
+            v_count := coalesce(cardinality(v_components), 0);
+        END IF;
         IF querier_state IS DISTINCT FROM 'active' THEN
             RETURN NEXT;
             CONTINUE;
         END IF;
-        -- The row is shared by all of the querier's workers: one of them moves it, the rest skip.
-        PERFORM 1
-           FROM queriers q
-          WHERE q.querier = v_querier
-            AND q.last_seen < now() - p_touch_ms * interval '1 millisecond'
-            FOR NO KEY UPDATE SKIP LOCKED;
-        IF FOUND THEN
-            UPDATE queriers q SET last_seen = now() WHERE q.querier = v_querier;
-        END IF;
-
-        -- 1. A skip scan over tenant_queues, one probe per component.
-        WITH RECURSIVE components AS (
-            (SELECT tq.component
-               FROM tenant_queues tq
-              WHERE tq.service = v_service
-                AND tq.active
-              ORDER BY tq.component
-              LIMIT 1)
-            UNION ALL
-            SELECT (SELECT tq.component
-                      FROM tenant_queues tq
-                     WHERE tq.service = v_service
-                       AND tq.active
-                       AND tq.component > c.component
-                     ORDER BY tq.component
-                     LIMIT 1)
-              FROM components c
-             WHERE c.component IS NOT NULL
-        )
-        SELECT array_agg(c.component ORDER BY c.component)
-          INTO v_components
-          FROM components c
-         WHERE c.component IS NOT NULL;
-        v_count := coalesce(cardinality(v_components), 0);
 
         <<items>>
         WHILE v_claimed < p_maxes[i] AND v_count > 0 LOOP
@@ -483,9 +497,10 @@ $deltas$;
 --
 -- Returns a row per ending that applied (none for a stale attempt, an item that is not
 -- running, or no such item), with what the workflow needs next: whether the next step
--- aggregates, whether any step of the job does; and whether the tenant's row was brought up to
--- date here (only for a lone ending that changes one step; otherwise the caller applies the
--- tenant deltas last, with those of the workflow's growth).
+-- aggregates, whether any step of the job does; and whether nothing is left to do for the
+-- tenant's row: it was brought up to date here (a lone ending that changes one step), or its
+-- change is a no-op. Otherwise the caller applies the tenant deltas last, with those of the
+-- workflow's growth.
 CREATE FUNCTION finish_items(
     p_ids bigint[],
     p_attempts integer[],
@@ -576,6 +591,11 @@ BEGIN
         IF v_change.became_claimable THEN
             PERFORM pg_notify('fairway_work_ready', v_change.service);
         END IF;
+        -- Nor is anything left for the caller when the tenant's row would not change: a tenant
+        -- alone in its component keeps no running count (see tenant_queues in V2).
+        tenant_applied := tenant_applied
+            OR NOT (v_change.became_claimable
+                    OR tenant_has_rivals(v_change.service, component, v_change.tenant));
         ending := i;
         service := v_change.service;
         tenant := v_change.tenant;

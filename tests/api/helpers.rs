@@ -146,7 +146,7 @@ pub fn default_args() -> ServeArgs {
         reap_interval: Duration::from_secs(1),
         querier_forget_delay: Duration::from_secs(60),
         max_body_bytes: 1024 * 1024,
-        batches: BatchArgs { batch_lanes: 2, batch_max: 32 },
+        batches: BatchArgs { batch_lanes: 1, batch_max: 32 },
     }
 }
 

@@ -1,0 +1,81 @@
+//! Group commit: claims and attempt endings that arrive together share one transaction, and
+//! each still gets its own answer.
+
+use serde_json::json;
+
+use fairway::broker::sql;
+
+use crate::helpers::spawn_app;
+
+/// One claim statement for requests of two services and three queriers, one of them not a
+/// member yet and one shutting down: each request is answered for itself.
+#[tokio::test]
+async fn one_claim_batch_answers_each_request_for_its_own_querier() {
+    let app = spawn_app().await;
+    app.submit_simple("alice", "svc-a", 3, true).await;
+    app.submit_simple("bob", "svc-b", 1, true).await;
+    app.db
+        .batch_execute(
+            "INSERT INTO queriers (querier) VALUES ('pod-a');
+             INSERT INTO queriers (querier, state) VALUES ('pod-leaving', 'shutting_down');",
+        )
+        .await
+        .expect("queriers");
+    let services = ["svc-a", "svc-b", "svc-a", "svc-a", "svc-b"];
+    let queriers = ["pod-a", "pod-new", "pod-leaving", "pod-a", "pod-a"];
+    let (workers, maxes) = ([0, 1, 2, 3, 4], [2, 1, 1, 1, 1]);
+    let rows = app
+        .db
+        .query(
+            sql::CLAIM_ITEMS,
+            &[&&services[..], &&queriers[..], &&workers[..], &&maxes[..], &300_000_i64, &1_000_i64],
+        )
+        .await
+        .expect("claim_items");
+    let answers: Vec<(i32, Option<String>, Option<i64>)> = rows
+        .iter()
+        .map(|row| (row.get("request"), row.get("querier_state"), row.get("id")))
+        .collect();
+    let answer = |request: i32| -> Vec<&(i32, Option<String>, Option<i64>)> {
+        answers.iter().filter(|answer| answer.0 == request).collect()
+    };
+    // The first asked for two of alice's three items and got them; the fourth got the third.
+    assert_eq!(answer(1).len(), 2, "{answers:?}");
+    assert!(answer(1)
+        .iter()
+        .all(|(_, state, id)| state.as_deref() == Some("active") && id.is_some()));
+    assert_eq!(answer(4).len(), 1);
+    assert!(answer(4)[0].2.is_some(), "{answers:?}");
+    // Not a member: nothing looked at, so the broker has it join and asks again.
+    assert_eq!(answer(2), vec![&(2, None, None)]);
+    assert_eq!(answer(3), vec![&(3, Some("shutting_down".to_owned()), None)]);
+    assert!(answer(5)[0].2.is_some(), "bob's item for pod-a: {answers:?}");
+    let claimed: Vec<i64> = answers.iter().filter_map(|answer| answer.2).collect();
+    let distinct: std::collections::BTreeSet<_> = claimed.iter().collect();
+    assert_eq!(distinct.len(), 4, "every item once: {claimed:?}");
+    app.assert_consistent().await;
+}
+
+/// An ending that does not apply (here a stale attempt) is left out of its batch's answer, and
+/// the others of the batch apply.
+#[tokio::test]
+async fn a_refused_ending_does_not_fail_its_batch() {
+    let app = spawn_app().await;
+    app.submit_simple("alice", "svc", 5, true).await;
+    let items = app.claim_with("service=svc&querier=pod&max=5").await;
+    let ids: Vec<i64> = items.iter().filter_map(|item| item["id"].as_i64()).collect();
+    assert_eq!(ids.len(), 5);
+    let attempts = [1, 1, 7, 1, 1];
+    let statuses = ["successful"; 5];
+    let results = vec![Some(json!([])); 5];
+    let nothing: Vec<Option<&str>> = vec![None; 5];
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+        [&ids, &&attempts[..], &&statuses[..], &results, &nothing, &nothing, &false];
+    let rows = app.db.query(sql::FINISH_ITEMS, &params).await.expect("finish_items");
+    let applied: Vec<i32> = rows.iter().map(|row| row.get("ending")).collect();
+    assert_eq!(applied, vec![1, 2, 4, 5]);
+    let response =
+        app.report(&items[2], json!({ "status": "successful", "attempt": 1, "results": [] })).await;
+    assert_eq!(response.status(), 200, "the third item was still running");
+    app.assert_consistent().await;
+}
