@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{oneshot, Semaphore};
 
+use super::BrokerError;
+
 /// A queue of requests `R`, each answered with a `T`, worked off by a bounded number of lanes.
 pub struct Batches<R, T> {
     inner: Arc<Inner<R, T>>,
@@ -114,6 +116,31 @@ impl<R: Send + 'static, T: Send + 'static> Inner<R, T> {
     }
 }
 
+/// Answers every request of a batch by `run` on the whole batch, one transaction. Should that
+/// transaction fail, `run` goes over each request alone, so that each gets its own answer or
+/// error rather than a neighbour's.
+pub async fn answer_each<'a, R, T, F, Fut>(requests: &'a [R], run: F) -> Vec<Result<T, BrokerError>>
+where
+    F: Fn(&'a [R]) -> Fut,
+    Fut: Future<Output = Result<Vec<Result<T, BrokerError>>, BrokerError>> + 'a,
+{
+    match run(requests).await {
+        Ok(answers) => answers,
+        Err(error) if requests.len() == 1 => vec![Err(error)],
+        Err(error) => {
+            tracing::warn!(%error, requests = requests.len(), "batch failed; one by one");
+            let mut answers = Vec::with_capacity(requests.len());
+            for request in requests {
+                answers.push(match run(std::slice::from_ref(request)).await {
+                    Ok(mut answer) => answer.pop().unwrap_or(Err(BrokerError::BatchLost)),
+                    Err(error) => Err(error),
+                });
+            }
+            answers
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -163,5 +190,32 @@ mod tests {
         drop(abandoned);
         assert_eq!(batches.submit(2, run(ran.clone())).await, Some(2));
         assert_eq!(*ran.lock().unwrap_or_else(PoisonError::into_inner), vec![2]);
+    }
+
+    /// A batch that fails as a whole is retried one request at a time: the request that broke
+    /// it gets its error, the others their answers.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_failed_batch_is_answered_one_by_one() {
+        let runs = AtomicUsize::new(0);
+        let run = |batch: &[u32]| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let poisoned = batch.contains(&3);
+            let answers: Vec<Result<u32, BrokerError>> = batch.iter().map(|n| Ok(n * 10)).collect();
+            async move {
+                if poisoned {
+                    Err(BrokerError::invalid("poisoned", "3 breaks any batch it is in"))
+                } else {
+                    Ok(answers)
+                }
+            }
+        };
+        let answers = answer_each(&[1, 2, 3, 4], run).await;
+        let answers: Vec<Result<u32, String>> =
+            answers.into_iter().map(|answer| answer.map_err(|error| error.to_string())).collect();
+        assert_eq!(
+            answers,
+            vec![Ok(10), Ok(20), Err("3 breaks any batch it is in".to_owned()), Ok(40)]
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 5, "the batch, then each of its four requests");
     }
 }

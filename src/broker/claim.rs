@@ -4,6 +4,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_postgres::Row;
 
+use super::batch::answer_each;
 use super::model::{ClaimRequest, JobId, WorkItem, WorkItemId};
 use super::sql::{self, CLAIM_ITEMS, HAS_CLAIMABLE_WORK};
 use super::{Broker, BrokerError};
@@ -63,24 +64,9 @@ impl Broker {
         self.claims.submit(request.clone(), run).await.unwrap_or(Err(BrokerError::BatchLost))
     }
 
-    /// Looks for work for every request of a batch in one transaction. Should that transaction
-    /// fail, each request looks alone, so that it gets its own answer or error.
+    /// Looks for work for every request of a batch in one transaction.
     async fn look_in_batch(&self, requests: Vec<ClaimRequest>) -> Vec<Result<Look, BrokerError>> {
-        match self.claim_batch(&requests).await {
-            Ok(looks) => looks,
-            Err(error) if requests.len() == 1 => vec![Err(error)],
-            Err(error) => {
-                tracing::warn!(%error, claims = requests.len(), "claim batch failed; claiming one by one");
-                let mut looks = Vec::with_capacity(requests.len());
-                for request in &requests {
-                    looks.push(match self.claim_batch(std::slice::from_ref(request)).await {
-                        Ok(mut look) => look.pop().unwrap_or(Err(BrokerError::BatchLost)),
-                        Err(error) => Err(error),
-                    });
-                }
-                looks
-            }
-        }
+        answer_each(&requests, |batch| self.claim_batch(batch)).await
     }
 
     /// One statement, so one transaction, for the whole batch; then, for each request that got
@@ -117,12 +103,16 @@ impl Broker {
                 Some("shutting_down") => {
                     Err(BrokerError::QuerierShuttingDown(request.querier.as_str().to_owned()))
                 }
+                // The batch has committed: an error from here on is this request's alone.
                 Some(_) => {
                     let params: sql::Params =
                         &[&request.service.as_str(), &request.querier.as_str()];
-                    Ok(match sql::query_opt(&client, HAS_CLAIMABLE_WORK, params).await? {
-                        Some(_) => Look::Contended,
-                        None => Look::Nothing,
+                    sql::query_opt(&client, HAS_CLAIMABLE_WORK, params).await.map(|work| {
+                        if work.is_some() {
+                            Look::Contended
+                        } else {
+                            Look::Nothing
+                        }
                     })
                 }
             });

@@ -3,6 +3,7 @@ use serde_json::Value;
 use tokio_postgres::types::Json;
 use tokio_postgres::Row;
 
+use super::batch::answer_each;
 use super::jobs::{apply_step_deltas, create_step_queues, StepDeltas, TenantDeltas, TenantRow};
 use super::model::{reject_nul, ComponentName, ItemStatus, JobId, StatusUpdate, WorkItemId};
 use super::sql::{
@@ -90,32 +91,12 @@ impl Broker {
         Ok(ItemStatus::Running)
     }
 
-    /// Ends the attempts of a batch in one transaction. Should that transaction fail, each
-    /// ending is tried alone, so that it gets its own answer or error.
+    /// Ends the attempts of a batch in one transaction.
     async fn end_in_batch(
         &self,
         endings: Vec<AttemptEnding>,
     ) -> Vec<Result<ItemStatus, BrokerError>> {
-        match self.end_batch(&endings, LeaseCondition::Any).await {
-            Ok(outcomes) => outcomes,
-            Err(error) if endings.len() == 1 => vec![Err(error)],
-            Err(error) => {
-                tracing::warn!(%error, endings = endings.len(), "ending batch failed; ending one by one");
-                let mut outcomes = Vec::with_capacity(endings.len());
-                for ending in &endings {
-                    outcomes.push(
-                        match self
-                            .end_batch(std::slice::from_ref(ending), LeaseCondition::Any)
-                            .await
-                        {
-                            Ok(mut outcome) => outcome.pop().unwrap_or(Err(BrokerError::BatchLost)),
-                            Err(error) => Err(error),
-                        },
-                    );
-                }
-                outcomes
-            }
-        }
+        answer_each(&endings, |batch| self.end_batch(batch, LeaseCondition::Any)).await
     }
 
     /// Treats every expired lease (up to `limit`) as a retryable failure, each in its own
