@@ -64,8 +64,9 @@ pub struct ServeArgs {
 #[derive(Debug, Clone, Copy, Args)]
 pub struct BatchArgs {
     /// How many claim transactions, and how many transactions ending attempts, run at once;
-    /// requests that arrive meanwhile queue and go together in the next one. One of each kept
-    /// two cores busiest in docs/benchmarks.md: more lanes make smaller batches.
+    /// requests that arrive meanwhile queue and go together in the next one. One of each was
+    /// fastest on two cores (docs/benchmarks.md): more claim lanes race for the head of the
+    /// same fair order.
     #[arg(long, env = "FAIRWAY_BATCH_LANES", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub batch_lanes: u16,
