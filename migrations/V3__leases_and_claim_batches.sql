@@ -25,8 +25,9 @@ ALTER TABLE work_items
 --
 -- A chosen user whose place in the order changed since the statement's snapshot (`stale`, see
 -- V2), or whose last item went elsewhere in between, is looked for again at once, up to four
--- times. Only a claim made while the transaction holds no tenant row may wait for one, so a
--- batch never holds one tenant row while waiting for another.
+-- times. A claim waits for its tenant's row only when that row sorts after every tenant row
+-- the transaction holds (the order apply_tenant_deltas takes them in), so waits cannot form a
+-- cycle.
 DROP FUNCTION claim_next_item(text, text, integer, bigint, bigint, boolean);
 
 CREATE FUNCTION claim_items(
@@ -67,7 +68,10 @@ DECLARE
     v_components text[];
     v_count integer;
     v_claimed integer;
-    v_holds_tenant boolean := false;
+    -- The greatest (service, component, tenant) key of the tenant rows this transaction holds.
+    v_held_service text;
+    v_held_component text;
+    v_held_tenant text;
     v_component text;
     v_pick record;
     v_path text[];
@@ -323,8 +327,14 @@ BEGIN
                             OR a.path = v_path[1:3]);
                 END IF;
                 -- The tenant's row, kept while other tenants compete for the component (V2).
+                -- Waited for only when its key sorts after every tenant row the transaction
+                -- holds, the order in which everyone takes them, so that waits cannot form a
+                -- cycle; otherwise skipped if held, and left to the reaper's recount.
                 v_counted := tenant_has_rivals(v_service, v_component, v_pick.tenant);
-                IF v_counted AND v_holds_tenant THEN
+                IF v_counted AND v_held_tenant IS NOT NULL
+                   AND (v_service, v_component, v_pick.tenant)
+                       < (v_held_service, v_held_component, v_held_tenant)
+                THEN
                     PERFORM 1
                        FROM tenant_queues tq
                       WHERE (tq.service, tq.component, tq.tenant)
@@ -338,7 +348,14 @@ BEGIN
                            last_worked = v_at
                      WHERE (tq.service, tq.component, tq.tenant)
                            = (v_service, v_component, v_pick.tenant);
-                    v_holds_tenant := true;
+                    IF v_held_tenant IS NULL
+                       OR (v_service, v_component, v_pick.tenant)
+                          > (v_held_service, v_held_component, v_held_tenant)
+                    THEN
+                        v_held_service := v_service;
+                        v_held_component := v_component;
+                        v_held_tenant := v_pick.tenant;
+                    END IF;
                 END IF;
                 -- Only a step never worked before can belong to a job not yet running.
                 IF v_item.first_claim THEN
