@@ -20,7 +20,7 @@ else
 	./target/debug/fairway postgres --data-dir $(TEST_PG_DATA) --ephemeral -- $(CARGO) test --all-targets
 endif
 
-## Measure the broker beside its baselines (about 8 minutes on 2 cores); results in docs/bench/.
+## Measure the broker beside its baselines (about 9 minutes on 2 cores); results in docs/bench/.
 bench:
 	$(CARGO) run --release -- bench --out docs/bench
 
