@@ -513,11 +513,11 @@ $deltas$;
 -- (a caller ending several attempts has locked all their owners, in order, beforehand).
 --
 -- Returns a row per ending that applied (none for a stale attempt, an item that is not
--- running, or no such item), with what the workflow needs next: whether the next step
--- aggregates, whether any step of the job does; and whether nothing is left to do for the
--- tenant's row: it was brought up to date here (a lone ending that changes one step), or its
--- change is a no-op. Otherwise the caller applies the tenant deltas last, with those of the
--- workflow's growth.
+-- running, or no such item), with what the workflow needs next: whether the ending fans out
+-- to the next step or may complete an aggregate's inputs; and whether nothing is left to do
+-- for the tenant's row: it was brought up to date here (a lone ending that changes one step),
+-- or its change is a no-op. Otherwise the caller applies the tenant deltas last, with those of
+-- the workflow's growth.
 CREATE FUNCTION finish_items(
     p_ids bigint[],
     p_attempts integer[],
@@ -534,8 +534,10 @@ RETURNS TABLE (
     component text,
     results_component text,
     querier_leaving boolean,
-    next_step_aggregates boolean,
-    job_aggregates boolean,
+    -- The workflow grows from this ending: its results become the next step's items, or it
+    -- may complete the inputs of the job's aggregating step.
+    fans_out boolean,
+    may_aggregate boolean,
     service text,
     tenant text,
     became_claimable boolean,
@@ -547,6 +549,8 @@ AS $finish$
 #variable_conflict use_column
 DECLARE
     v_status text;
+    v_next_step_aggregates boolean;
+    v_job_aggregates boolean;
     v_change record;
 BEGIN
     FOR i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
@@ -591,14 +595,14 @@ BEGIN
                            WHERE agg.job_id = wi.job_id
                              AND agg.aggregate)
              INTO job_id, step_index, component, results_component, querier_leaving,
-                  next_step_aggregates, job_aggregates;
+                  v_next_step_aggregates, v_job_aggregates;
         CONTINUE WHEN NOT FOUND;
 
+        fans_out := v_next_step_aggregates IS FALSE
+                    AND jsonb_array_length(coalesce(p_results[i], '[]')) > 0;
+        may_aggregate := v_job_aggregates AND v_status <> 'ready';
         -- Alone in its transaction and changing no other step: its tenant row is applied here.
-        tenant_applied := cardinality(p_ids) = 1
-            AND NOT (next_step_aggregates IS FALSE
-                     AND jsonb_array_length(coalesce(p_results[i], '[]')) > 0)
-            AND NOT (job_aggregates AND v_status <> 'ready');
+        tenant_applied := cardinality(p_ids) = 1 AND NOT fans_out AND NOT may_aggregate;
         SELECT *
           INTO v_change
           FROM apply_step_deltas(job_id, step_index, component,

@@ -158,7 +158,7 @@ impl Broker {
                 .ok_or(BrokerError::BatchLost)?;
             let ending = &endings[index];
             let status = recorded[index].status;
-            self.grow_workflow(&tx, ending, status, row, &mut tenant_deltas).await?;
+            self.grow_workflow(&tx, ending, row, &mut tenant_deltas).await?;
             let service: String = row.try_get("service")?;
             let querier_leaving: bool = row.try_get("querier_leaving")?;
             released.push(Ended { service, querier_leaving });
@@ -173,10 +173,15 @@ impl Broker {
         }
         tenant_deltas.apply(&tx).await?;
         tx.commit().await?;
+        // Wake a claim waiting for a busy user per item released, and let a querier that is
+        // shutting down leave its shards once it holds no lease. The endings are committed:
+        // what follows must not turn them into errors.
         for ended in &released {
-            // The endings are committed: what follows must not turn them into errors.
-            if let Err(error) = self.after_release(ended).await {
-                tracing::warn!(%error, "after an attempt ended");
+            self.signals.for_service(&ended.service).release_one();
+        }
+        if released.iter().any(|ended| ended.querier_leaving) {
+            if let Err(error) = self.retire_queriers().await {
+                tracing::warn!(%error, "retiring queriers after their leases ended");
             }
         }
         Ok(answers)
@@ -213,7 +218,6 @@ impl Broker {
         &self,
         tx: &impl GenericClient,
         ending: &AttemptEnding,
-        status: ItemStatus,
         finished: &Row,
         tenant_deltas: &mut TenantDeltas,
     ) -> Result<(), BrokerError> {
@@ -229,10 +233,7 @@ impl Broker {
                 finished.try_get("became_claimable")?,
             );
         }
-        let has_results =
-            matches!(&ending.ending, Ending::Successful { results, .. } if !results.is_empty());
-        let next_step_aggregates: Option<bool> = finished.try_get("next_step_aggregates")?;
-        if next_step_aggregates == Some(false) && has_results {
+        if finished.try_get("fans_out")? {
             let results_component: String = finished.try_get("results_component")?;
             let next = step + 1;
             create_step_queues(tx, job_id, next, &[&results_component]).await?;
@@ -244,8 +245,7 @@ impl Broker {
             open_items =
                 apply_step_deltas(tx, job_id, next, &results_component, ready, tenant_row).await?;
         }
-        let job_aggregates: bool = finished.try_get("job_aggregates")?;
-        if job_aggregates && status != ItemStatus::Ready {
+        if finished.try_get("may_aggregate")? {
             if let Some(row) = sql::query_opt(tx, PLAN_AGGREGATE_ITEM, &[&job_id.0]).await? {
                 let aggregate_step: i32 = row.try_get("step_index")?;
                 let component: String = row.try_get("component")?;
@@ -261,18 +261,6 @@ impl Broker {
         }
         if open_items == 0 {
             sql::execute(tx, REFRESH_JOB_STATUS, &[&job_id.0]).await?;
-        }
-        Ok(())
-    }
-}
-
-impl Broker {
-    /// After an attempt's end committed: wake a claim waiting for a busy user, and let a
-    /// querier that is shutting down leave its shards once it holds no lease.
-    async fn after_release(&self, ended: &Ended) -> Result<(), BrokerError> {
-        self.signals.for_service(&ended.service).release_one();
-        if ended.querier_leaving {
-            self.retire_queriers().await?;
         }
         Ok(())
     }
