@@ -57,6 +57,20 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub batches: BatchArgs,
+
+    #[command(flatten)]
+    pub vacuum: VacuumArgs,
+}
+
+/// How often the broker vacuums the fair order's tables itself.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct VacuumArgs {
+    /// How often the broker vacuums the small tables that hold the fair order. Every claim and
+    /// completion rewrites their rows, and the dead index entries pile up at the head of the
+    /// order, where each claim starts reading; autovacuum comes by at most once a minute by
+    /// default (docs/benchmarks.md). 0s: leave them to autovacuum.
+    #[arg(long, env = "FAIRWAY_VACUUM_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub vacuum_interval: Duration,
 }
 
 /// How the broker gathers concurrent claims, and concurrent reports that end attempts, into
@@ -147,6 +161,9 @@ pub struct BenchArgs {
 
     #[command(flatten)]
     pub batches: BatchArgs,
+
+    #[command(flatten)]
+    pub vacuum: VacuumArgs,
 
     /// Numbers of users to measure at (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "10,1000,10000")]

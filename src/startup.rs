@@ -48,10 +48,8 @@ impl Application {
             batch_max: args.batches.batch_max.into(),
         };
         let broker = Broker::new(pool, settings, signals.clone());
-        let background = vec![
-            tokio::spawn(db::listener::listen_for_work(config, signals)),
-            tokio::spawn(reap(broker.clone(), args.reap_interval)),
-        ];
+        let mut background = maintain(&broker, args);
+        background.push(tokio::spawn(db::listener::listen_for_work(config, signals)));
 
         let listener = TcpListener::bind(args.bind)
             .map_err(|source| StartupError::Bind { address: args.bind.to_string(), source })?;
@@ -101,6 +99,16 @@ fn request_log() -> actix_web::middleware::Logger {
     actix_web::middleware::Logger::new("%r %s %Dms")
 }
 
+/// The broker's upkeep, as `serve` runs it beside the HTTP server: the reaper, and the vacuum
+/// of the fair order's tables unless `--vacuum-interval` is zero.
+pub fn maintain(broker: &Broker, args: &ServeArgs) -> Vec<JoinHandle<()>> {
+    let mut tasks = vec![tokio::spawn(reap(broker.clone(), args.reap_interval))];
+    if !args.vacuum.vacuum_interval.is_zero() {
+        tasks.push(tokio::spawn(vacuum(broker.clone(), args.vacuum.vacuum_interval)));
+    }
+    tasks
+}
+
 /// On a fixed cadence: expires leases, retires and forgets queriers, and tidies the tenant
 /// level of the fair order. Several brokers may run this at once.
 async fn reap(broker: Broker, interval: std::time::Duration) {
@@ -118,6 +126,17 @@ async fn reap(broker: Broker, interval: std::time::Duration) {
         }
         if let Err(error) = broker.tidy_tenant_queues().await {
             tracing::warn!(%error, "tenant queue pass failed");
+        }
+    }
+}
+
+async fn vacuum(broker: Broker, interval: std::time::Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        if let Err(error) = broker.vacuum_fair_order().await {
+            tracing::warn!(%error, "vacuum of the fair order's tables failed");
         }
     }
 }

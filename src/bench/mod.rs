@@ -17,7 +17,7 @@ use crate::broker::{Broker, BrokerError, BrokerSettings, WorkSignals};
 use crate::config::{BenchArgs, BenchPath, DatabaseArgs, ServeArgs};
 use crate::db::embedded::EmbeddedError;
 use crate::db::{self, DbError};
-use crate::startup::{Application, StartupError};
+use crate::startup::{self, Application, StartupError};
 use paths::Runner;
 use report::{Machine, Report, Run};
 
@@ -152,6 +152,7 @@ fn serve_args(args: &BenchArgs) -> ServeArgs {
         querier_forget_delay: Duration::from_secs(60),
         max_body_bytes: 1024 * 1024,
         batches: args.batches,
+        vacuum: args.vacuum,
     }
 }
 
@@ -176,18 +177,24 @@ async fn run_path(
         client.batch_execute("ANALYZE work_items").await?;
     }
     let mut server = None;
+    let mut upkeep = Vec::new();
     let runner = match path {
-        BenchPath::Fair => Runner::Fair(Broker::new(
-            pool.clone(),
-            BrokerSettings {
-                lease: Duration::from_secs(300),
-                max_retries: 3,
-                querier_forget_delay: Duration::from_secs(60),
-                batch_lanes: args.batches.batch_lanes.into(),
-                batch_max: args.batches.batch_max.into(),
-            },
-            WorkSignals::default(),
-        )),
+        BenchPath::Fair => {
+            let broker = Broker::new(
+                pool.clone(),
+                BrokerSettings {
+                    lease: Duration::from_secs(300),
+                    max_retries: 3,
+                    querier_forget_delay: Duration::from_secs(60),
+                    batch_lanes: args.batches.batch_lanes.into(),
+                    batch_max: args.batches.batch_max.into(),
+                },
+                WorkSignals::default(),
+            );
+            // With the upkeep `serve` runs beside it, as in production.
+            upkeep = startup::maintain(&broker, &serve_args(args));
+            Runner::Fair(broker)
+        }
         BenchPath::Http => {
             let app = Application::build(&serve_args(args), config.clone()).await?;
             let base = format!("http://127.0.0.1:{}", app.port());
@@ -210,6 +217,9 @@ async fn run_path(
     if let Some((handle, task)) = server {
         handle.stop(true).await;
         let _ = task.await;
+    }
+    for task in upkeep {
+        task.abort();
     }
     if baseline {
         let client = pool.get().await?;

@@ -6,7 +6,7 @@ use tokio_postgres::Row;
 
 use super::batch::answer_each;
 use super::model::{ClaimRequest, JobId, WorkItem, WorkItemId};
-use super::sql::{self, CLAIM_ITEMS, HAS_CLAIMABLE_WORK};
+use super::sql::{self, CLAIM_ITEMS, HAS_CLAIMABLE_WORK, VACUUM_FAIR_ORDER};
 use super::{Broker, BrokerError};
 
 /// How long a claim that found every user with work busy waits for a release signalled in
@@ -151,6 +151,15 @@ impl Broker {
                 }
             }
         }
+    }
+
+    /// Clears the dead row versions and index entries that claims and completions leave at the
+    /// head of the fair order, where every claim starts reading (see the statement's file).
+    pub async fn vacuum_fair_order(&self) -> Result<(), BrokerError> {
+        let client = self.client().await?;
+        // Simple protocol: VACUUM cannot run in the transaction a prepared statement opens.
+        client.batch_execute(VACUUM_FAIR_ORDER).await?;
+        Ok(())
     }
 }
 

@@ -60,6 +60,7 @@ statements! {
     SHUT_DOWN_QUERIER = "shut_down_querier";
     TOUCH_QUERIER = "touch_querier";
     UPSERT_TENANT = "upsert_tenant";
+    VACUUM_FAIR_ORDER = "vacuum_fair_order";
 }
 
 pub type Params<'a> = &'a [&'a (dyn ToSql + Sync)];

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use fairway::config::{BatchArgs, DatabaseArgs, ServeArgs};
+use fairway::config::{BatchArgs, DatabaseArgs, ServeArgs, VacuumArgs};
 use fairway::startup::Application;
 use reqwest::{Response, StatusCode};
 use serde_json::{json, Value};
@@ -147,6 +147,8 @@ pub fn default_args() -> ServeArgs {
         querier_forget_delay: Duration::from_secs(60),
         max_body_bytes: 1024 * 1024,
         batches: BatchArgs { batch_lanes: 1, batch_max: 32 },
+        // Off, so that no test's plans or statistics move under it; tests/api/plans.rs runs it.
+        vacuum: VacuumArgs { vacuum_interval: Duration::ZERO },
     }
 }
 

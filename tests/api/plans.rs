@@ -4,12 +4,13 @@
 //! backlog or of the users, and never a sort; so is the operators' user_work listing.
 
 use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use fairway::broker::sql;
 
-use crate::helpers::fresh_database;
+use crate::helpers::{default_args, fresh_database, spawn_app_with};
 
 const TENANTS: i32 = 1_000;
 const USERS: i32 = 10_000;
@@ -295,4 +296,37 @@ async fn items_are_addressed_by_primary_key_while_statistics_lag() {
             }
         }
     }
+}
+
+/// Every claim and completion leaves dead versions of the fair order's rows, and their index
+/// entries, at the head of the order where the next claim starts reading. The broker's own
+/// vacuum clears them on its cadence, without waiting for autovacuum.
+#[tokio::test]
+async fn the_broker_vacuums_the_dead_rows_claims_leave_in_the_fair_order() {
+    let mut args = default_args();
+    args.vacuum.vacuum_interval = Duration::from_millis(100);
+    let app = spawn_app_with(args).await;
+    app.submit_simple("alice", "svc", 40, true).await;
+    while let Some(item) = app.claim("svc").await {
+        app.succeed(&item, json!([])).await;
+    }
+    // Statistics reach pg_stat_user_tables up to a second after the fact.
+    let state =
+        "SELECT coalesce(sum(vacuum_count), 0)::bigint, coalesce(sum(n_dead_tup), 0)::bigint
+                   FROM pg_stat_user_tables
+                  WHERE relname IN ('users', 'service_users', 'user_work')";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let row = app.db.query_one(state, &[]).await.expect("table statistics");
+        let (vacuums, dead): (i64, i64) = (row.get(0), row.get(1));
+        if vacuums >= 3 && dead == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{vacuums} vacuums and {dead} dead rows left in the fair order's tables"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    app.assert_consistent().await;
 }

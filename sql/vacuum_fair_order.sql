@@ -1,0 +1,6 @@
+-- The fair order lives in small rows rewritten on every claim and completion, and each rewrite
+-- leaves the old version's index entries behind, right where the next claim starts reading:
+-- at the head of the order. Autovacuum visits a database at most once a minute by default,
+-- long enough for a busy broker to bury the head under many pages of dead entries. Tables
+-- another vacuum is working on are skipped rather than waited for.
+VACUUM (SKIP_LOCKED) users, service_users, user_work, tenant_queues, actor_queues;
