@@ -1,7 +1,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
 use super::DbError;
@@ -24,6 +24,11 @@ pub fn connect(config: tokio_postgres::Config, size: usize) -> Result<Pool, DbEr
     );
     Pool::builder(manager)
         .max_size(size)
+        // The connection used last is handed out first: the broker's batches then keep going
+        // to the same few backends, whose caches are warm, rather than cycling through all of
+        // them. Measured at 1.3 to 1.4 times the claims per second of first-in-first-out
+        // (docs/benchmarks.md).
+        .queue_mode(QueueMode::Lifo)
         .runtime(Runtime::Tokio1)
         .wait_timeout(Some(CONNECTION_WAIT))
         .create_timeout(Some(CONNECTION_WAIT))
