@@ -123,17 +123,21 @@ impl Broker {
     /// Every owner's users row is locked first, in the one order all transactions use, then
     /// the attempts end in one statement and the workflows grow; the tenant rows come last, in
     /// key order (see V2). Answers each ending: its item's status, or why it did not apply.
+    ///
+    /// BEGIN, the lock and the endings go to the server together, in one round trip, and the
+    /// commit in a second; only a workflow that grows adds more. On two busy cores a round
+    /// trip costs about a third of a millisecond, as much as ending two attempts.
     async fn end_batch(
         &self,
         endings: &[AttemptEnding],
         condition: LeaseCondition,
     ) -> Result<Vec<Result<ItemStatus, BrokerError>>, BrokerError> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
+        let client = self.client().await?;
+        // Prepared before anything is sent, so that the pipelined requests below go out in
+        // the order they are written: the lock strictly before the endings.
+        let lock_item_owners = client.prepare_cached(LOCK_ITEM_OWNERS).await?;
+        let finish_items = client.prepare_cached(FINISH_ITEMS).await?;
         let ids: Vec<i64> = endings.iter().map(|ending| ending.id.0).collect();
-        if endings.len() > 1 {
-            sql::execute(&tx, LOCK_ITEM_OWNERS, &[&ids]).await?;
-        }
         let recorded: Vec<Recorded> = endings.iter().map(|ending| self.record(ending)).collect();
         let attempts: Vec<i32> = endings.iter().map(|ending| ending.attempt).collect();
         let statuses: Vec<&str> = recorded.iter().map(|r| r.status.as_str()).collect();
@@ -145,34 +149,36 @@ impl Broker {
         let expired_only = condition == LeaseCondition::Expired;
         let params: sql::Params =
             &[&ids, &attempts, &statuses, &results, &errors, &next_components, &expired_only];
-        let finished = sql::query(&tx, FINISH_ITEMS, params).await?;
-
-        let mut outcomes: Vec<Option<Result<ItemStatus, BrokerError>>> =
-            endings.iter().map(|_| None).collect();
-        let mut tenant_deltas = TenantDeltas::default();
-        let mut released = Vec::with_capacity(finished.len());
-        for row in &finished {
-            let index = usize::try_from(row.try_get::<_, i32>("ending")? - 1)
-                .ok()
-                .filter(|index| *index < endings.len())
-                .ok_or(BrokerError::BatchLost)?;
-            let ending = &endings[index];
-            let status = recorded[index].status;
-            self.grow_workflow(&tx, ending, row, &mut tenant_deltas).await?;
-            let service: String = row.try_get("service")?;
-            let querier_leaving: bool = row.try_get("querier_leaving")?;
-            released.push(Ended { service, querier_leaving });
-            outcomes[index] = Some(Ok(status));
-        }
-        let mut answers = Vec::with_capacity(endings.len());
-        for (outcome, ending) in outcomes.into_iter().zip(endings) {
-            answers.push(match outcome {
-                Some(outcome) => outcome,
-                None => Err(why_not_applied(&tx, ending.id, ending.attempt).await?),
-            });
-        }
-        tenant_deltas.apply(&tx).await?;
-        tx.commit().await?;
+        let lock = async {
+            if endings.len() > 1 {
+                client.execute(&lock_item_owners, &[&ids]).await?;
+            }
+            Ok(())
+        };
+        // Each request is sent when its future is first polled, and try_join polls them in
+        // order. (Should BEGIN fail, the connection is gone and nothing after it runs.)
+        let opened = tokio::try_join!(
+            async { client.batch_execute("BEGIN").await.map_err(BrokerError::from) },
+            lock,
+            async { client.query(&finish_items, params).await.map_err(BrokerError::from) },
+        );
+        let grown = match opened {
+            Ok(((), (), finished)) => {
+                self.grow_workflows(&client, endings, &recorded, &finished).await
+            }
+            Err(error) => Err(error),
+        };
+        let (answers, released) = match grown {
+            Ok(grown) => grown,
+            Err(error) => {
+                // Leave the connection as the pool expects it: outside any transaction.
+                if let Err(rollback) = client.batch_execute("ROLLBACK").await {
+                    tracing::warn!(%rollback, "rolling back a failed batch of endings");
+                }
+                return Err(error);
+            }
+        };
+        client.batch_execute("COMMIT").await?;
         // Wake a claim waiting for a busy user per item released, and let a querier that is
         // shutting down leave its shards once it holds no lease. The endings are committed:
         // what follows must not turn them into errors.
@@ -185,6 +191,44 @@ impl Broker {
             }
         }
         Ok(answers)
+    }
+
+    /// Inside the endings' transaction, after finish_items (`finished`, its rows): grows each
+    /// applied ending's workflow, explains each refused one, and applies the tenant rows'
+    /// changes last. Returns the answers and the attempts that ended.
+    async fn grow_workflows(
+        &self,
+        tx: &impl GenericClient,
+        endings: &[AttemptEnding],
+        recorded: &[Recorded<'_>],
+        finished: &[Row],
+    ) -> Result<(Vec<Result<ItemStatus, BrokerError>>, Vec<Ended>), BrokerError> {
+        let mut outcomes: Vec<Option<Result<ItemStatus, BrokerError>>> =
+            endings.iter().map(|_| None).collect();
+        let mut tenant_deltas = TenantDeltas::default();
+        let mut released = Vec::with_capacity(finished.len());
+        for row in finished {
+            let index = usize::try_from(row.try_get::<_, i32>("ending")? - 1)
+                .ok()
+                .filter(|index| *index < endings.len())
+                .ok_or(BrokerError::BatchLost)?;
+            let ending = &endings[index];
+            let status = recorded[index].status;
+            self.grow_workflow(tx, ending, row, &mut tenant_deltas).await?;
+            let service: String = row.try_get("service")?;
+            let querier_leaving: bool = row.try_get("querier_leaving")?;
+            released.push(Ended { service, querier_leaving });
+            outcomes[index] = Some(Ok(status));
+        }
+        let mut answers = Vec::with_capacity(endings.len());
+        for (outcome, ending) in outcomes.into_iter().zip(endings) {
+            answers.push(match outcome {
+                Some(outcome) => outcome,
+                None => Err(why_not_applied(tx, ending.id, ending.attempt).await?),
+            });
+        }
+        tenant_deltas.apply(tx).await?;
+        Ok((answers, released))
     }
 
     /// What an ending records on its item: a retryable failure is a retry while retries last.
