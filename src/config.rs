@@ -85,8 +85,10 @@ pub struct BatchArgs {
           value_parser = clap::value_parser!(u16).range(1..))]
     pub batch_lanes: u16,
 
-    /// Most requests one such transaction serves.
-    #[arg(long, env = "FAIRWAY_BATCH_MAX", default_value_t = 32,
+    /// Most requests one such transaction serves. Smaller batches than there are workers let
+    /// a claim transaction and an ending transaction run side by side, on different workers'
+    /// requests; 8 to 16 did best with 32 workers on two cores (docs/benchmarks.md).
+    #[arg(long, env = "FAIRWAY_BATCH_MAX", default_value_t = 12,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub batch_max: u16,
 }

@@ -207,6 +207,7 @@ impl Broker {
             endings.iter().map(|_| None).collect();
         let mut tenant_deltas = TenantDeltas::default();
         let mut released = Vec::with_capacity(finished.len());
+        let mut maybe_done = Vec::new();
         for row in finished {
             let index = usize::try_from(row.try_get::<_, i32>("ending")? - 1)
                 .ok()
@@ -214,7 +215,9 @@ impl Broker {
                 .ok_or(BrokerError::BatchLost)?;
             let ending = &endings[index];
             let status = recorded[index].status;
-            self.grow_workflow(tx, ending, row, &mut tenant_deltas).await?;
+            if let Some(job) = self.grow_workflow(tx, ending, row, &mut tenant_deltas).await? {
+                maybe_done.push(job.0);
+            }
             let service: String = row.try_get("service")?;
             let querier_leaving: bool = row.try_get("querier_leaving")?;
             released.push(Ended { service, querier_leaving });
@@ -226,6 +229,12 @@ impl Broker {
                 Some(outcome) => outcome,
                 None => Err(why_not_applied(tx, ending.id, ending.attempt).await?),
             });
+        }
+        if !maybe_done.is_empty() {
+            // Sorted, so that two batches lock the jobs they share in the same order.
+            maybe_done.sort_unstable();
+            maybe_done.dedup();
+            sql::execute(tx, REFRESH_JOB_STATUS, &[&maybe_done]).await?;
         }
         tenant_deltas.apply(tx).await?;
         Ok((answers, released))
@@ -257,14 +266,14 @@ impl Broker {
     /// After an ending applied (`finished`, its row from finish_items): the next step's items
     /// from its results, the aggregate once its inputs are all in, and the job's end when
     /// nothing is left. Their tenant rows' changes, and the ending's own unless it applied them,
-    /// go to `tenant_deltas`.
+    /// go to `tenant_deltas`. Returns the job when nothing of it is left open: it may be done.
     async fn grow_workflow(
         &self,
         tx: &impl GenericClient,
         ending: &AttemptEnding,
         finished: &Row,
         tenant_deltas: &mut TenantDeltas,
-    ) -> Result<(), BrokerError> {
+    ) -> Result<Option<JobId>, BrokerError> {
         let job_id = JobId(finished.try_get("job_id")?);
         let step: i32 = finished.try_get("step_index")?;
         let mut open_items: i32 = finished.try_get("job_open_items")?;
@@ -303,10 +312,7 @@ impl Broker {
                         .await?;
             }
         }
-        if open_items == 0 {
-            sql::execute(tx, REFRESH_JOB_STATUS, &[&job_id.0]).await?;
-        }
-        Ok(())
+        Ok((open_items == 0).then_some(job_id))
     }
 }
 

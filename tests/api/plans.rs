@@ -191,7 +191,7 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
         ("extend_lease", sql::EXTEND_LEASE, format!("{item}, 1, 300000")),
         ("find_expired_leases", sql::FIND_EXPIRED_LEASES, "500".to_owned()),
         ("retire_queriers", sql::RETIRE_QUERIERS, "60000".to_owned()),
-        ("refresh_job_status", sql::REFRESH_JOB_STATUS, format!("'{job}'")),
+        ("refresh_job_status", sql::REFRESH_JOB_STATUS, format!("ARRAY['{job}']::uuid[]")),
         ("lock_job_owner", sql::LOCK_JOB_OWNER, format!("'{job}'")),
         ("list_user_work", sql::LIST_USER_WORK, "NULL, NULL, 1000".to_owned()),
         ("list_user_work by user", sql::LIST_USER_WORK, "'svc', 'user-7', 1000".to_owned()),
