@@ -79,3 +79,41 @@ async fn a_refused_ending_does_not_fail_its_batch() {
     assert_eq!(response.status(), 200, "the third item was still running");
     app.assert_consistent().await;
 }
+
+/// An ending whose transaction fails (here a trigger refuses one item's results) gets a server
+/// error while the endings sent with it apply, and the connections it used go back to the
+/// pool outside any transaction: the broker goes on answering, and the refused item can still
+/// end.
+#[tokio::test]
+async fn a_failed_ending_transaction_is_rolled_back_and_the_others_apply() {
+    let app = spawn_app().await;
+    let job = app.submit_simple("alice", "svc", 3, true).await;
+    let items = app.claim_with("service=svc&querier=pod&max=3").await;
+    assert_eq!(items.len(), 3);
+    app.db
+        .batch_execute(
+            r#"CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+               BEGIN RAISE EXCEPTION 'poisoned results'; END $$;
+               CREATE TRIGGER refuse_poison BEFORE UPDATE ON work_items FOR EACH ROW
+                 WHEN (NEW.results = '["poison"]'::jsonb) EXECUTE FUNCTION refuse_poison();"#,
+        )
+        .await
+        .expect("trigger");
+    let results = [json!(["poison"]), json!([]), json!([])];
+    let responses =
+        futures_util::future::join_all(items.iter().zip(&results).map(|(item, results)| {
+            app.report(item, json!({ "status": "successful", "attempt": 1, "results": results }))
+        }))
+        .await;
+    let statuses: Vec<u16> = responses.iter().map(|response| response.status().as_u16()).collect();
+    assert!(statuses[0] >= 500, "the poisoned ending fails: {statuses:?}");
+    assert_eq!(&statuses[1..], &[200, 200], "the others apply: {statuses:?}");
+    // Every connection of the pool is used again in turn; one left inside the failed
+    // transaction would fail whichever request got it next.
+    for _ in 0..50 {
+        assert!(app.claim("svc").await.is_none(), "the item is still leased");
+    }
+    app.succeed(&items[0], json!([])).await;
+    assert_eq!(app.job(job).await["status"], "successful");
+    app.assert_consistent().await;
+}
