@@ -287,6 +287,19 @@ impl TestApp {
 
     /// A digest of every row of every table, to show that a request changed nothing.
     pub async fn fingerprint(&self) -> String {
+        self.digest("t").await
+    }
+
+    /// `fingerprint`, blind to the tenant rows' running counts only: a tenant alone in its
+    /// component keeps that count as a hint, which the reaper recounts in the background and
+    /// may briefly write stale (see tenant_queues in V2). Tests with the reaper at work compare
+    /// everything else.
+    pub async fn fingerprint_apart_from_tenant_hints(&self) -> String {
+        self.digest("(t.service, t.component, t.tenant, t.active, t.last_worked)").await
+    }
+
+    /// Digests each table's rows, tenant_queues' as `tenant_queue_row` renders them.
+    async fn digest(&self, tenant_queue_row: &str) -> String {
         let mut digest = String::new();
         let tables = [
             "users",
@@ -301,7 +314,11 @@ impl TestApp {
             "tenant_shards",
         ];
         for table in tables {
-            let sql = format!("SELECT coalesce(md5(string_agg(t::text, '|' ORDER BY t::text)), '') FROM {table} t");
+            let row = if table == "tenant_queues" { tenant_queue_row } else { "t" };
+            let sql = format!(
+                "SELECT coalesce(md5(string_agg(({row})::text, '|' ORDER BY ({row})::text)), '') \
+                 FROM {table} t"
+            );
             let row = self.db.query_one(&sql, &[]).await.expect("fingerprint");
             digest.push_str(&row.get::<_, String>(0));
         }
