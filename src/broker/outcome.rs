@@ -155,9 +155,11 @@ impl Broker {
             }
             Ok(())
         };
-        // Each request is sent when its future is first polled, and try_join polls them in
-        // order. (Should BEGIN fail, the connection is gone and nothing after it runs.)
+        // Each request is sent when its future is first polled, and `biased` has try_join poll
+        // them in the order written (by default it rotates which one goes first). (Should
+        // BEGIN fail, the connection is gone and nothing after it runs.)
         let opened = tokio::try_join!(
+            biased;
             async { client.batch_execute("BEGIN").await.map_err(BrokerError::from) },
             lock,
             async { client.query(&finish_items, params).await.map_err(BrokerError::from) },
@@ -231,7 +233,7 @@ impl Broker {
             });
         }
         if !maybe_done.is_empty() {
-            // Sorted, so that two batches lock the jobs they share in the same order.
+            // Each job once, in a stable order.
             maybe_done.sort_unstable();
             maybe_done.dedup();
             sql::execute(tx, REFRESH_JOB_STATUS, &[&maybe_done]).await?;
