@@ -2,5 +2,7 @@
 -- leaves the old version's index entries behind, right where the next claim starts reading:
 -- at the head of the order. Autovacuum visits a database at most once a minute by default,
 -- long enough for a busy broker to bury the head under many pages of dead entries. Tables
--- another vacuum is working on are skipped rather than waited for.
-VACUUM (SKIP_LOCKED) users, service_users, user_work, tenant_queues, actor_queues;
+-- another vacuum is working on are skipped rather than waited for. The log of tenant running
+-- changes takes a row per ending while tenants compete, and every claim batch reads it.
+VACUUM (SKIP_LOCKED) users, service_users, user_work, tenant_queues, actor_queues,
+    tenant_running_changes;

@@ -51,7 +51,8 @@ async fn a_non_retryable_failure_fails_at_once() {
 #[tokio::test]
 async fn an_expired_lease_is_reclaimed_and_the_stale_worker_is_refused() {
     let mut args = default_args();
-    args.lease = Duration::from_millis(300);
+    // Long enough that the second lease outlives the checks below on a loaded machine.
+    args.lease = Duration::from_secs(2);
     args.reap_interval = Duration::from_millis(50);
     let app = spawn_app_with(args).await;
     let job = app.submit_simple("alice", "svc", 1, true).await;
@@ -67,7 +68,15 @@ async fn an_expired_lease_is_reclaimed_and_the_stale_worker_is_refused() {
     assert_eq!(fresh["id"], stale["id"]);
     assert_eq!(fresh["attempt"], 2);
 
-    // The reaper goes on recounting the lone tenant's running items meanwhile.
+    // With nothing ready, the reaper retires the tenant's queue: awaited, so that it does not
+    // happen between the fingerprints (it once did, on a loaded machine). It goes on
+    // recounting the lone tenant's running items meanwhile.
+    let retired = "SELECT NOT bool_or(active) FROM tenant_queues";
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !app.db.query_one(retired, &[]).await.expect("queue").get::<_, bool>(0) {
+        assert!(std::time::Instant::now() < deadline, "the idle tenant queue was never retired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let before = app.fingerprint_apart_from_tenant_hints().await;
     for body in [
         json!({ "status": "successful", "attempt": 1, "results": [] }),

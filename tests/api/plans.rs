@@ -80,7 +80,7 @@ async fn plan(db: &tokio_postgres::Client, statement: &str, arguments: &str) -> 
     plan[0]["Plan"].clone()
 }
 
-/// Fails on any node that scans a whole table (but the per-pod queriers table) or sorts, with
+/// Fails on any node that scans a whole table (but two small ones, below) or sorts, with
 /// four exceptions, each bounded by something other than the backlog: with ten users per
 /// tenant, the planner may read a tenant's few service_users rows by bitmap and sort them (a big
 /// tenant gets the ordered index scan); a function may sort the arrays it was given, and a batch
@@ -90,7 +90,10 @@ async fn plan(db: &tokio_postgres::Client, statement: &str, arguments: &str) -> 
 fn assert_index_probes(name: &str, plan: &Value) {
     for node in nodes(plan) {
         let kind = node["Node Type"].as_str().unwrap_or_default();
-        if node["Relation Name"] != "queriers" {
+        // The per-pod queriers table is small; the log of tenant running changes holds the
+        // endings since the last claim batch, which folds and empties it.
+        if node["Relation Name"] != "queriers" && node["Relation Name"] != "tenant_running_changes"
+        {
             assert_ne!(kind, "Seq Scan", "{name} scans {}: {plan:#}", node["Relation Name"]);
         }
         // Exempt sorts read directly from one of those inputs: nothing above a LATERAL may sort.
