@@ -112,11 +112,22 @@ BEGIN
 END;
 $tenant$;
 
--- The reaper's recount of the tenant rows' running counts from the leases. The rows that look
--- drifted are locked first (rows a claim or an activation holds are left for a later pass);
--- then, in a fresh snapshot, each locked row takes the count of its running items and its
--- logged changes are dropped, both read in that one snapshot: a claim or ending that commits
--- later is neither counted nor dropped.
+-- Each tenant queue's running items, counted from the items, which only the leases index
+-- needs to find: what the reaper's recount compares the rows with.
+CREATE VIEW tenant_queue_running_items AS
+SELECT uw.service, uw.component, uw.tenant, count(*)::integer AS running
+  FROM work_items wi
+  JOIN user_work uw
+    ON (uw.job_id, uw.step_index, uw.component) = (wi.job_id, wi.step_index, wi.component)
+ WHERE wi.status = 'running'
+ GROUP BY uw.service, uw.component, uw.tenant;
+
+-- The reaper's recount of the tenant rows' running counts. The rows that look drifted are
+-- locked first (rows a claim or an activation holds are left for a later pass); then, in a
+-- fresh snapshot, each locked row takes the count of its running items and its logged changes
+-- are dropped, both read in that one snapshot: a claim or ending that commits later is neither
+-- counted nor dropped. (One statement would count in a snapshot taken before its locks, and
+-- lose the claims that committed in between.)
 CREATE FUNCTION recount_tenant_running()
 RETURNS void
 LANGUAGE plpgsql
@@ -126,15 +137,7 @@ DECLARE
     v_components text[];
     v_tenants text[];
 BEGIN
-    WITH actual AS (
-        SELECT uw.service, uw.component, uw.tenant, count(*)::integer AS running
-          FROM work_items wi
-          JOIN user_work uw
-            ON (uw.job_id, uw.step_index, uw.component)
-               = (wi.job_id, wi.step_index, wi.component)
-         WHERE wi.status = 'running'
-         GROUP BY uw.service, uw.component, uw.tenant
-    ), logged AS (
+    WITH logged AS (
         SELECT c.service, c.component, c.tenant, sum(c.running)::integer AS running
           FROM tenant_running_changes c
          GROUP BY c.service, c.component, c.tenant
@@ -143,7 +146,7 @@ BEGIN
       INTO v_services, v_components, v_tenants
       FROM (SELECT tq.service, tq.component, tq.tenant
               FROM tenant_queues tq
-              LEFT JOIN actual a
+              LEFT JOIN tenant_queue_running_items a
                 ON (a.service, a.component, a.tenant) = (tq.service, tq.component, tq.tenant)
               LEFT JOIN logged g
                 ON (g.service, g.component, g.tenant) = (tq.service, tq.component, tq.tenant)
@@ -159,20 +162,11 @@ BEGIN
         DELETE FROM tenant_running_changes c
          USING locked l
          WHERE (c.service, c.component, c.tenant) = (l.service, l.component, l.tenant)
-    ), actual AS (
-        -- From the running items, which only the leases index needs to find.
-        SELECT uw.service, uw.component, uw.tenant, count(*)::integer AS running
-          FROM work_items wi
-          JOIN user_work uw
-            ON (uw.job_id, uw.step_index, uw.component)
-               = (wi.job_id, wi.step_index, wi.component)
-         WHERE wi.status = 'running'
-         GROUP BY uw.service, uw.component, uw.tenant
     )
     UPDATE tenant_queues tq
        SET running_count = coalesce(a.running, 0)
       FROM locked l
-      LEFT JOIN actual a
+      LEFT JOIN tenant_queue_running_items a
         ON (a.service, a.component, a.tenant) = (l.service, l.component, l.tenant)
      WHERE (tq.service, tq.component, tq.tenant) = (l.service, l.component, l.tenant);
 END;

@@ -693,3 +693,38 @@ async fn share_between_competing_tenants(reap_interval: Duration) {
     );
     brokers[0].assert_consistent().await;
 }
+
+#[tokio::test]
+async fn the_reaper_recounts_a_drifted_tenant_running_count_and_drops_its_logged_changes() {
+    let args = ServeArgs { reap_interval: Duration::from_millis(50), ..default_args() };
+    let app = spawn_app_with(args).await;
+    for tenant in ["t-a", "t-b"] {
+        submit_items(&app, tenant, &format!("{tenant}-user"), &["c"; 3]).await;
+    }
+    let held = [claim_as(&app, "pod-0", 0).await, claim_as(&app, "pod-0", 1).await];
+    assert!(held.iter().all(Option::is_some));
+    // Drift, as a lost update would leave it: a wrong count and a stray logged change.
+    app.db
+        .batch_execute(
+            "UPDATE tenant_queues SET running_count = 7 WHERE tenant = 't-a';
+             INSERT INTO tenant_running_changes (service, component, tenant, running)
+             VALUES ('svc', 'c', 't-b', -5);",
+        )
+        .await
+        .expect("drift");
+    let counts = "SELECT tq.tenant, tq.running_count,
+                         (SELECT count(*) FROM tenant_running_changes c WHERE c.tenant = tq.tenant)
+                    FROM tenant_queues tq ORDER BY tq.tenant";
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let rows = app.db.query(counts, &[]).await.expect("counts");
+        let now: Vec<(String, i32, i64)> =
+            rows.iter().map(|row| (row.get(0), row.get(1), row.get(2))).collect();
+        if now == [("t-a".to_owned(), 1, 0), ("t-b".to_owned(), 1, 0)] {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not recounted: {now:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    app.assert_consistent().await;
+}
