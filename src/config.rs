@@ -205,6 +205,12 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     pub max: usize,
 
+    /// Beside the matrix, `fair` once more at 1,000 users × 10,000 items dealt over this many
+    /// tenants competing for the one component, reported as path `fair_tenants` (0 or 1: not
+    /// run). It checks the tenant level of the fair order, which the matrix's one tenant skips.
+    #[arg(long, default_value_t = 10)]
+    pub competing_tenants: u32,
+
     /// Claim paths to run (comma-separated).
     #[arg(
         long,

@@ -78,36 +78,25 @@ async fn run_matrix(
 ) -> Result<Report, BenchError> {
     let mut runs = Vec::new();
     let mut postgres = String::new();
+    let partitions =
+        seed::Partitions { tenants: args.tenants as usize, components: args.components as usize };
     for &backlog in &args.backlog {
         for &users in &args.users {
-            let (users, backlog) = (users as usize, backlog as usize);
-            let config = fresh_database(admin_config).await?;
-            let pool = db::pool::connect(config.clone(), pool_size(args))?;
-            db::migrations::run(&pool).await?;
-            postgres = pool.get().await?.query_one("SHOW server_version", &[]).await?.try_get(0)?;
-            eprintln!("seeding {users} users and {backlog} items");
-            let partitions = seed::Partitions {
-                tenants: args.tenants as usize,
-                components: args.components as usize,
-            };
-            let seeded = Arc::new(seed::seed(&pool, users, backlog, partitions).await?);
-            for (index, &path) in args.paths.iter().enumerate() {
-                if index > 0 {
-                    seed::reset(&pool).await?;
-                }
-                let run =
-                    run_path(args, path, &pool, &config, seeded.clone(), users, backlog).await?;
-                eprintln!(
-                    "{:>22} {users:>6} users {backlog:>8} items: {:>8.0} claims/s  p99 {:>7.2} ms  jain {:.4}  errors {}",
-                    run.path,
-                    run.claims_per_s.unwrap_or(0.0),
-                    run.p99_ms.unwrap_or(0.0),
-                    run.jain.unwrap_or(0.0),
-                    run.errors
-                );
-                runs.push(run);
-            }
-            pool.close();
+            let point = Point { users: users as usize, backlog: backlog as usize, partitions };
+            runs.extend(run_point(args, admin_config, point, &args.paths, &mut postgres).await?);
+        }
+    }
+    if args.competing_tenants > 1 && args.paths.contains(&BenchPath::Fair) {
+        let point = Point {
+            users: COMPETING_TENANTS_USERS,
+            backlog: COMPETING_TENANTS_BACKLOG,
+            partitions: seed::Partitions { tenants: args.competing_tenants as usize, ..partitions },
+        };
+        for mut run in
+            run_point(args, admin_config, point, &[BenchPath::Fair], &mut postgres).await?
+        {
+            run.path = COMPETING_TENANTS_PATH.to_owned();
+            runs.push(run);
         }
     }
     if args.wakeup_trials > 0 {
@@ -115,6 +104,55 @@ async fn run_matrix(
     }
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     Ok(Report { command, machine: machine(postgres), runs })
+}
+
+/// Where the competing-tenants run is measured (see --competing-tenants), and its path's name.
+const COMPETING_TENANTS_USERS: usize = 1_000;
+const COMPETING_TENANTS_BACKLOG: usize = 10_000;
+pub const COMPETING_TENANTS_PATH: &str = "fair_tenants";
+
+/// One point of the measurements: what is seeded.
+#[derive(Debug, Clone, Copy)]
+struct Point {
+    users: usize,
+    backlog: usize,
+    partitions: seed::Partitions,
+}
+
+/// Seeds a fresh database for `point` and runs each of `paths` on it, the data reset between
+/// them. Notes the server's version in `postgres`.
+async fn run_point(
+    args: &BenchArgs,
+    admin_config: &tokio_postgres::Config,
+    point: Point,
+    paths: &[BenchPath],
+    postgres: &mut String,
+) -> Result<Vec<Run>, BenchError> {
+    let Point { users, backlog, partitions } = point;
+    let config = fresh_database(admin_config).await?;
+    let pool = db::pool::connect(config.clone(), pool_size(args))?;
+    db::migrations::run(&pool).await?;
+    *postgres = pool.get().await?.query_one("SHOW server_version", &[]).await?.try_get(0)?;
+    eprintln!("seeding {users} users over {} tenants and {backlog} items", partitions.tenants);
+    let seeded = Arc::new(seed::seed(&pool, users, backlog, partitions).await?);
+    let mut runs = Vec::new();
+    for (index, &path) in paths.iter().enumerate() {
+        if index > 0 {
+            seed::reset(&pool).await?;
+        }
+        let run = run_path(args, path, &pool, &config, seeded.clone(), point).await?;
+        eprintln!(
+            "{:>22} {users:>6} users {backlog:>8} items: {:>8.0} claims/s  p99 {:>7.2} ms  jain {:.4}  errors {}",
+            run.path,
+            run.claims_per_s.unwrap_or(0.0),
+            run.p99_ms.unwrap_or(0.0),
+            run.jain.unwrap_or(0.0),
+            run.errors
+        );
+        runs.push(run);
+    }
+    pool.close();
+    Ok(runs)
 }
 
 /// Drops and recreates the benchmark database; returns its connection config.
@@ -156,16 +194,15 @@ fn serve_args(args: &BenchArgs) -> ServeArgs {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn run_path(
     args: &BenchArgs,
     path: BenchPath,
     pool: &deadpool_postgres::Pool,
     config: &tokio_postgres::Config,
     seeded: Arc<seed::Seeded>,
-    users: usize,
-    backlog: usize,
+    point: Point,
 ) -> Result<Run, BenchError> {
+    let Point { users, backlog, partitions } = point;
     // The baselines run with their own indexes; the broker's paths without them.
     let baseline = matches!(
         path,
@@ -235,8 +272,8 @@ async fn run_path(
     Ok(Run {
         path: path_name(path),
         users,
-        tenants: args.tenants as usize,
-        components: args.components as usize,
+        tenants: partitions.tenants,
+        components: partitions.components,
         backlog,
         workers: args.workers,
         max: args.max,
