@@ -4,5 +4,8 @@
 -- long enough for a busy broker to bury the head under many pages of dead entries. Tables
 -- another vacuum is working on are skipped rather than waited for. The log of tenant running
 -- changes takes a row per ending while tenants compete, and every claim batch reads it.
-VACUUM (SKIP_LOCKED) users, service_users, user_work, tenant_queues, actor_queues,
+-- No truncation: these tables empty and refill their last pages all the time, and a vacuum
+-- that tries to truncate them waits for an exclusive lock the claims never leave free, up to
+-- 5 s per table, in which no other pass runs (seen in pg_stat_activity as VacuumTruncate).
+VACUUM (SKIP_LOCKED, TRUNCATE false) users, service_users, user_work, tenant_queues, actor_queues,
     tenant_running_changes;
