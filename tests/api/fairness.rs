@@ -126,6 +126,44 @@ async fn items_of_a_job_go_out_lowest_id_first() {
     app.assert_consistent().await;
 }
 
+/// Claims read a step's ready items from where the last claim left off (user_work.ready_from);
+/// an item that becomes ready again goes before the later ones all the same.
+#[tokio::test]
+async fn a_retried_item_goes_out_before_the_later_items_of_its_job() {
+    let app = spawn_app().await;
+    app.submit_simple("alice", "svc", 4, true).await;
+    let first = app.claim("svc").await.expect("item 1");
+    let second = app.claim("svc").await.expect("item 2");
+    let response =
+        app.report(&first, json!({ "status": "failed", "attempt": 1, "error": "flaky" })).await;
+    assert_eq!(response.status(), 200);
+    let again = app.claim("svc").await.expect("the retried item");
+    assert_eq!(again["id"], first["id"], "the lowest ready id goes first");
+    assert_eq!(again["attempt"], 2);
+    let third = app.claim("svc").await.expect("item 3");
+    assert!(third["id"].as_i64() > second["id"].as_i64());
+    app.assert_consistent().await;
+}
+
+/// The bound is a hint: with it past every ready item (as a claim that rolled back after a
+/// later one moved it leaves it), the claims still find them, lowest id first.
+#[tokio::test]
+async fn a_bound_past_the_ready_items_loses_none_of_them() {
+    let app = spawn_app().await;
+    app.submit_simple("alice", "svc", 3, true).await;
+    app.db
+        .batch_execute("UPDATE user_work SET ready_from = 9223372036854775807")
+        .await
+        .expect("move the bound past every item");
+    let mut ids = Vec::new();
+    while let Some(item) = app.claim("svc").await {
+        ids.push(item["id"].as_i64().expect("id"));
+    }
+    assert_eq!(ids.len(), 3, "every item handed out");
+    assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "lowest id first: {ids:?}");
+    app.assert_consistent().await;
+}
+
 #[tokio::test]
 async fn a_claim_records_when_the_user_and_job_were_last_worked() {
     let app = spawn_app().await;

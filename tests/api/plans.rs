@@ -230,10 +230,18 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
         plans.extend(nested_plans(&db, &mut notices, &claims("pod-0")).await);
         plans.extend(nested_plans(&db, &mut notices, &claims("pod-3")).await);
         let mut indexes = BTreeSet::new();
+        let mut bounded_item_probe = false;
         for (text, plan) in &plans {
             assert_index_probes(&format!("{text} ({mode})"), plan);
             indexes.extend(nodes(plan).iter().filter_map(|node| node["Index Name"].as_str()));
+            // A step's next item is read from its ready_from on, not over the dead entries of
+            // the items claimed before it (V6).
+            bounded_item_probe |= nodes(plan).iter().any(|node| {
+                node["Index Name"] == "work_items_ready"
+                    && node["Index Cond"].as_str().is_some_and(|cond| cond.contains("id >="))
+            });
         }
+        assert!(bounded_item_probe, "no claim reads a step's items from its ready_from ({mode})");
         let expected_indexes = [
             "tenant_queues_fair_order",
             "service_users_fair_order",
