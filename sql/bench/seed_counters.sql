@@ -1,9 +1,10 @@
 -- Brings every counter in line with freshly seeded or reset work items: the broker's own
--- (user_work, users, service_users, tenant_queues; seeded jobs have no actor path) and Harmony's, all idle and never worked.
+-- (user_work, users, service_users, tenant_queues and its log of changes; seeded jobs have no
+-- actor path) and Harmony's, all idle and never worked.
 UPDATE jobs SET status = 'accepted';
 UPDATE user_work uw
    SET ready_count = c.ready, running_count = 0, successful_count = 0, failed_count = 0,
-       canceled_count = 0, last_worked = NULL
+       canceled_count = 0, last_worked = NULL, ready_from = 0
   FROM (SELECT job_id, step_index, component, count(*)::integer AS ready
           FROM work_items GROUP BY job_id, step_index, component) c
  WHERE (c.job_id, c.step_index, c.component) = (uw.job_id, uw.step_index, uw.component);
@@ -16,6 +17,8 @@ UPDATE service_users su
  WHERE (c.service, c.component, c.tenant, c.username)
        = (su.service, su.component, su.tenant, su.username);
 DELETE FROM tenant_queues;
+-- Changes a previous path logged would otherwise be folded into the fresh counts.
+TRUNCATE tenant_running_changes;
 INSERT INTO tenant_queues (service, component, tenant)
 SELECT DISTINCT service, component, tenant FROM service_users WHERE ready_count > 0;
 DELETE FROM queriers;
