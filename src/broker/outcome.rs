@@ -8,7 +8,7 @@ use super::jobs::{apply_step_deltas, create_step_queues, StepDeltas, TenantDelta
 use super::model::{reject_nul, ComponentName, ItemStatus, JobId, StatusUpdate, WorkItemId};
 use super::sql::{
     self, DESCRIBE_ITEM, EXTEND_LEASE, FIND_EXPIRED_LEASES, FINISH_ITEMS, INSERT_AGGREGATE_ITEM,
-    INSERT_NEXT_STEP_ITEMS, LOCK_ITEM_OWNERS, PLAN_AGGREGATE_ITEM, REFRESH_JOB_STATUS,
+    INSERT_NEXT_STEP_ITEMS, PLAN_AGGREGATE_ITEM, REFRESH_JOB_STATUS,
 };
 use super::{Broker, BrokerError};
 
@@ -120,11 +120,12 @@ impl Broker {
         Ok(reaped)
     }
 
-    /// Every owner's users row is locked first, in the one order all transactions use, then
-    /// the attempts end in one statement and the workflows grow; the tenant rows come last, in
-    /// key order (see V2). Answers each ending: its item's status, or why it did not apply.
+    /// finish_items locks every owner's users row first, in the one order all transactions
+    /// use, then ends the attempts and moves their counters (V7); then the workflows grow; the
+    /// tenant rows come last, in key order (see V2). Answers each ending: its item's status, or
+    /// why it did not apply.
     ///
-    /// BEGIN, the lock and the endings go to the server together, in one round trip, and the
+    /// BEGIN and the endings go to the server together, in one round trip, and the
     /// commit in a second; only a workflow that grows adds more. On two busy cores a round
     /// trip costs about a third of a millisecond, as much as ending two attempts.
     async fn end_batch(
@@ -134,8 +135,7 @@ impl Broker {
     ) -> Result<Vec<Result<ItemStatus, BrokerError>>, BrokerError> {
         let client = self.client().await?;
         // Prepared before anything is sent, so that the pipelined requests below go out in
-        // the order they are written: the lock strictly before the endings.
-        let lock_item_owners = client.prepare_cached(LOCK_ITEM_OWNERS).await?;
+        // the order they are written.
         let finish_items = client.prepare_cached(FINISH_ITEMS).await?;
         let ids: Vec<i64> = endings.iter().map(|ending| ending.id.0).collect();
         let recorded: Vec<Recorded> = endings.iter().map(|ending| self.record(ending)).collect();
@@ -149,25 +149,16 @@ impl Broker {
         let expired_only = condition == LeaseCondition::Expired;
         let params: sql::Params =
             &[&ids, &attempts, &statuses, &results, &errors, &next_components, &expired_only];
-        let lock = async {
-            if endings.len() > 1 {
-                client.execute(&lock_item_owners, &[&ids]).await?;
-            }
-            Ok(())
-        };
         // Each request is sent when its future is first polled, and `biased` has try_join poll
         // them in the order written (by default it rotates which one goes first). (Should
         // BEGIN fail, the connection is gone and nothing after it runs.)
         let opened = tokio::try_join!(
             biased;
             async { client.batch_execute("BEGIN").await.map_err(BrokerError::from) },
-            lock,
             async { client.query(&finish_items, params).await.map_err(BrokerError::from) },
         );
         let grown = match opened {
-            Ok(((), (), finished)) => {
-                self.grow_workflows(&client, endings, &recorded, &finished).await
-            }
+            Ok(((), finished)) => self.grow_workflows(&client, endings, &recorded, &finished).await,
             Err(error) => Err(error),
         };
         let (answers, released) = match grown {

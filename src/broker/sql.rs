@@ -43,7 +43,6 @@ statements! {
     LIST_TENANTS = "list_tenants";
     LIST_USER_WORK = "list_user_work";
     LOCK_IDLE_TENANT_QUEUES = "lock_idle_tenant_queues";
-    LOCK_ITEM_OWNERS = "lock_item_owners";
     LOCK_JOB_OWNER = "lock_job_owner";
     LOCK_MEMBERSHIP = "lock_membership";
     LOCK_TENANT_LIMIT = "lock_tenant_limit";

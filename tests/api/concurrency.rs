@@ -145,3 +145,99 @@ async fn concurrent_workers_share_evenly_between_users() {
     );
     app.assert_consistent().await;
 }
+
+/// Ends each item it claims by a rule of its id: a retryable failure on the first attempt, a
+/// final failure, or success (with a result, which a two-step job's first step fans out);
+/// until a claim waits a second without work. Returns how many attempts it ended.
+async fn end_every_way_until_idle(app: Arc<TestApp>, worker: usize) -> usize {
+    let mut ended = 0;
+    loop {
+        let max = 1 + worker % 3;
+        let query =
+            format!("service=svc&querier=pod-{}&worker={worker}&max={max}&wait=1", worker % 4);
+        let items = app.claim_with(&query).await;
+        if items.is_empty() {
+            return ended;
+        }
+        for item in &items {
+            let id = item["id"].as_i64().expect("id");
+            let attempt = item["attempt"].as_i64().expect("attempt");
+            let body = match id % 5 {
+                0 if attempt == 1 => {
+                    json!({ "status": "failed", "attempt": attempt, "retryable": true })
+                }
+                1 => json!({ "status": "failed", "attempt": attempt, "retryable": false }),
+                _ => {
+                    json!({ "status": "successful", "attempt": attempt, "results": [{ "of": id }] })
+                }
+            };
+            let response = app.report(item, body).await;
+            assert_eq!(response.status(), reqwest::StatusCode::OK, "ending item {id}");
+            ended += 1;
+        }
+    }
+}
+
+/// Endings go to the database in batches that move each counter row once for the whole batch
+/// (V7). Every kind of ending at once, from 16 workers on two brokers, over jobs with actor
+/// paths and with a second step their results fan out into: every counter still equals a
+/// recount, and every job ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batches_of_every_kind_of_ending_keep_the_counters_exact() {
+    const WORKERS: usize = 16;
+    let first = spawn_app().await;
+    let second = spawn_broker(default_args(), first.config.clone()).await;
+    let items = |count: usize| (0..count).map(|n| json!({ "payload": { "n": n } })).collect();
+    let mut jobs = Vec::new();
+    for user in 0..4 {
+        let user = format!("user-{user}");
+        let shapes = [
+            (json!(["dashboard", format!("panel-{user}")]), 1, true, 30),
+            (json!(["dashboard"]), 1, false, 15),
+            (json!([]), 2, false, 15),
+        ];
+        for (actor, steps, is_async, count) in shapes {
+            let steps: Vec<Value> = (0..steps).map(|_| json!({ "service": "svc" })).collect();
+            let items: Vec<Value> = items(count);
+            let job = json!({
+                "user": user, "actor": actor, "is_async": is_async, "steps": steps, "items": items,
+            });
+            jobs.push(first.submit(job).await);
+        }
+    }
+    let brokers = [Arc::new(first), Arc::new(second)];
+
+    let handles: Vec<_> = (0..WORKERS)
+        .map(|worker| tokio::spawn(end_every_way_until_idle(brokers[worker % 2].clone(), worker)))
+        .collect();
+    let mut ended = 0;
+    for handle in handles {
+        ended += handle.await.expect("worker");
+    }
+
+    let app = &brokers[0];
+    let row = app
+        .db
+        .query_one(
+            "SELECT count(*) FILTER (WHERE status IN ('ready', 'running')),
+                    count(*) FILTER (WHERE step_index = 1),
+                    count(*) + count(*) FILTER (WHERE attempt = 2)
+               FROM work_items",
+            &[],
+        )
+        .await
+        .expect("counts");
+    assert_eq!(row.get::<_, i64>(0), 0, "items left open");
+    assert!(row.get::<_, i64>(1) > 0, "no workflow grew a second step");
+    assert_eq!(row.get::<_, i64>(2) as usize, ended, "attempts ended against items' attempts");
+    for job in jobs {
+        let status = app.job(job).await["status"].clone();
+        assert!(
+            ["successful", "complete_with_errors", "failed"]
+                .contains(&status.as_str().unwrap_or_default()),
+            "job {job} is {status}"
+        );
+    }
+    app.assert_consistent().await;
+    brokers[1].assert_consistent().await;
+}
