@@ -12,8 +12,13 @@ const CLAIMERS: usize = 64;
 const USERS: usize = 20;
 const ITEMS_PER_USER: usize = 100;
 
-/// Claims and completes until a claim waits a second without work; returns every item id it got.
-async fn work_until_idle(app: Arc<TestApp>, worker: usize) -> Vec<i64> {
+/// Claims, and ends each item it got with the report `ending` makes for it, until a claim waits
+/// a second without work; returns the id of every item it ended.
+async fn work_until_idle(
+    app: Arc<TestApp>,
+    worker: usize,
+    ending: fn(&Value) -> Value,
+) -> Vec<i64> {
     let mut ids = Vec::new();
     loop {
         let max = 1 + worker % 3;
@@ -24,10 +29,16 @@ async fn work_until_idle(app: Arc<TestApp>, worker: usize) -> Vec<i64> {
             return ids;
         }
         for item in &items {
-            ids.push(item["id"].as_i64().expect("id"));
-            app.succeed(item, json!([])).await;
+            let id = item["id"].as_i64().expect("id");
+            let response = app.report(item, ending(item)).await;
+            assert_eq!(response.status(), reqwest::StatusCode::OK, "ending item {id}");
+            ids.push(id);
         }
     }
+}
+
+fn success(item: &Value) -> Value {
+    json!({ "status": "successful", "attempt": item["attempt"], "results": [] })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -45,7 +56,7 @@ async fn concurrent_claimers_on_two_brokers_get_each_item_exactly_once() {
     let brokers = [Arc::new(first), Arc::new(second)];
 
     let handles: Vec<_> = (0..CLAIMERS)
-        .map(|worker| tokio::spawn(work_until_idle(brokers[worker % 2].clone(), worker)))
+        .map(|worker| tokio::spawn(work_until_idle(brokers[worker % 2].clone(), worker, success)))
         .collect();
     let mut handed_out = Vec::new();
     for handle in handles {
@@ -146,35 +157,14 @@ async fn concurrent_workers_share_evenly_between_users() {
     app.assert_consistent().await;
 }
 
-/// Ends each item it claims by a rule of its id: a retryable failure on the first attempt, a
-/// final failure, or success (with a result, which a two-step job's first step fans out);
-/// until a claim waits a second without work. Returns how many attempts it ended.
-async fn end_every_way_until_idle(app: Arc<TestApp>, worker: usize) -> usize {
-    let mut ended = 0;
-    loop {
-        let max = 1 + worker % 3;
-        let query =
-            format!("service=svc&querier=pod-{}&worker={worker}&max={max}&wait=1", worker % 4);
-        let items = app.claim_with(&query).await;
-        if items.is_empty() {
-            return ended;
-        }
-        for item in &items {
-            let id = item["id"].as_i64().expect("id");
-            let attempt = item["attempt"].as_i64().expect("attempt");
-            let body = match id % 5 {
-                0 if attempt == 1 => {
-                    json!({ "status": "failed", "attempt": attempt, "retryable": true })
-                }
-                1 => json!({ "status": "failed", "attempt": attempt, "retryable": false }),
-                _ => {
-                    json!({ "status": "successful", "attempt": attempt, "results": [{ "of": id }] })
-                }
-            };
-            let response = app.report(item, body).await;
-            assert_eq!(response.status(), reqwest::StatusCode::OK, "ending item {id}");
-            ended += 1;
-        }
+/// A retryable failure on an item's first attempt, a final failure, or success with a result
+/// (which a two-step job's first step fans out), by a rule of the item's id.
+fn every_way(item: &Value) -> Value {
+    let attempt = &item["attempt"];
+    match item["id"].as_i64().unwrap_or_default() % 5 {
+        0 if attempt == 1 => json!({ "status": "failed", "attempt": attempt, "retryable": true }),
+        1 => json!({ "status": "failed", "attempt": attempt, "retryable": false }),
+        id => json!({ "status": "successful", "attempt": attempt, "results": [{ "of": id }] }),
     }
 }
 
@@ -208,11 +198,11 @@ async fn batches_of_every_kind_of_ending_keep_the_counters_exact() {
     let brokers = [Arc::new(first), Arc::new(second)];
 
     let handles: Vec<_> = (0..WORKERS)
-        .map(|worker| tokio::spawn(end_every_way_until_idle(brokers[worker % 2].clone(), worker)))
+        .map(|worker| tokio::spawn(work_until_idle(brokers[worker % 2].clone(), worker, every_way)))
         .collect();
     let mut ended = 0;
     for handle in handles {
-        ended += handle.await.expect("worker");
+        ended += handle.await.expect("worker").len();
     }
 
     let app = &brokers[0];
