@@ -19,8 +19,8 @@ use deadpool_postgres::{Object, Pool};
 use batch::Batches;
 use claim::Look;
 pub use error::BrokerError;
-use model::{ClaimRequest, ItemStatus};
-use outcome::AttemptEnding;
+use model::ClaimRequest;
+use outcome::{Answer, AttemptEnding};
 pub use signals::WorkSignals;
 
 /// Behaviour that operators tune.
@@ -46,7 +46,7 @@ pub struct Broker {
     settings: BrokerSettings,
     signals: WorkSignals,
     claims: Batches<ClaimRequest, Result<Look, BrokerError>>,
-    endings: Batches<AttemptEnding, Result<ItemStatus, BrokerError>>,
+    endings: Batches<AttemptEnding, Result<Answer, BrokerError>>,
 }
 
 impl Broker {

@@ -13,6 +13,7 @@ use super::sql::{
 use super::{Broker, BrokerError};
 
 /// How an attempt ended, as recorded on the item.
+#[derive(Clone)]
 enum Ending {
     Successful { results: Vec<Value>, component: Option<ComponentName> },
     Failed { error: Option<String>, retryable: bool },
@@ -33,6 +34,28 @@ struct Recorded<'a> {
     next_component: Option<&'a str>,
 }
 
+/// How many times an ending goes back to the queue because another transaction held its
+/// owner's row, before it waits for that row in a transaction of its own. At 10 users a claim
+/// batch holds most of them most of the time; 3 sent too many endings to wait alone, each a
+/// transaction more (docs/benchmarks.md).
+const DEFERRALS: usize = 10;
+
+/// What a batch did with one ending.
+pub(super) enum Answer {
+    /// Applied: the item's status now.
+    Applied(ItemStatus),
+    /// Another transaction held the owner's row: nothing changed; send it again (V8).
+    Deferred,
+}
+
+/// Whether a batch waits for owners' rows other transactions hold, or leaves those endings
+/// for a later batch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Owners {
+    Wait,
+    SkipHeld,
+}
+
 /// Whether an ending applies to any running attempt, or only to one whose lease has expired.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum LeaseCondition {
@@ -41,6 +64,7 @@ enum LeaseCondition {
 }
 
 /// A worker's report that ends its attempt, as the ending batches carry it.
+#[derive(Clone)]
 pub(super) struct AttemptEnding {
     id: WorkItemId,
     attempt: i32,
@@ -78,7 +102,20 @@ impl Broker {
             async move { broker.end_in_batch(endings).await }
         };
         let ending = AttemptEnding { id, attempt, ending };
-        self.endings.submit(ending, run).await.unwrap_or(Err(BrokerError::BatchLost))
+        // A batch does not wait for an owner's row another transaction holds (a claim batch,
+        // mostly); the ending goes again with a later batch, and after a few tries alone.
+        for _ in 0..DEFERRALS {
+            let answer = self.endings.submit(ending.clone(), run.clone()).await;
+            match answer.unwrap_or(Err(BrokerError::BatchLost))? {
+                Answer::Applied(status) => return Ok(status),
+                Answer::Deferred => {}
+            }
+        }
+        let mut answers = self.end_batch(&[ending], LeaseCondition::Any, Owners::Wait).await?;
+        match answers.pop().unwrap_or(Err(BrokerError::BatchLost))? {
+            Answer::Applied(status) => Ok(status),
+            Answer::Deferred => Err(BrokerError::BatchLost),
+        }
     }
 
     /// A heartbeat touches no counter, so it needs no user lock and no batch.
@@ -92,11 +129,9 @@ impl Broker {
     }
 
     /// Ends the attempts of a batch in one transaction.
-    async fn end_in_batch(
-        &self,
-        endings: Vec<AttemptEnding>,
-    ) -> Vec<Result<ItemStatus, BrokerError>> {
-        answer_each(&endings, |batch| self.end_batch(batch, LeaseCondition::Any)).await
+    async fn end_in_batch(&self, endings: Vec<AttemptEnding>) -> Vec<Result<Answer, BrokerError>> {
+        answer_each(&endings, |batch| self.end_batch(batch, LeaseCondition::Any, Owners::SkipHeld))
+            .await
     }
 
     /// Treats every expired lease (up to `limit`) as a retryable failure, each in its own
@@ -114,16 +149,17 @@ impl Broker {
                 attempt: row.try_get("attempt")?,
                 ending: Ending::Failed { error: Some("lease expired".to_owned()), retryable: true },
             };
-            let outcomes = self.end_batch(&[ending], LeaseCondition::Expired).await?;
-            reaped += outcomes.iter().filter(|outcome| outcome.is_ok()).count();
+            let answers = self.end_batch(&[ending], LeaseCondition::Expired, Owners::Wait).await?;
+            reaped +=
+                answers.iter().filter(|answer| matches!(answer, Ok(Answer::Applied(_)))).count();
         }
         Ok(reaped)
     }
 
-    /// finish_items locks every owner's users row first, in the one order all transactions
-    /// use, then ends the attempts and moves their counters (V7); then the workflows grow; the
-    /// tenant rows come last, in key order (see V2). Answers each ending: its item's status, or
-    /// why it did not apply.
+    /// finish_items locks the owners' users rows first, in the one order all transactions use
+    /// (with `Owners::SkipHeld` only those free now, V8), then ends the attempts and moves their
+    /// counters (V7); then the workflows grow; the tenant rows come last, in key order (see V2).
+    /// Answers each ending: its item's status, deferred, or why it did not apply.
     ///
     /// BEGIN and the endings go to the server together, in one round trip, and the
     /// commit in a second; only a workflow that grows adds more. On two busy cores a round
@@ -132,7 +168,8 @@ impl Broker {
         &self,
         endings: &[AttemptEnding],
         condition: LeaseCondition,
-    ) -> Result<Vec<Result<ItemStatus, BrokerError>>, BrokerError> {
+        owners: Owners,
+    ) -> Result<Vec<Result<Answer, BrokerError>>, BrokerError> {
         let client = self.client().await?;
         // Prepared before anything is sent, so that the pipelined requests below go out in
         // the order they are written.
@@ -147,8 +184,17 @@ impl Broker {
         let next_components: Vec<Option<&str>> =
             recorded.iter().map(|r| r.next_component).collect();
         let expired_only = condition == LeaseCondition::Expired;
-        let params: sql::Params =
-            &[&ids, &attempts, &statuses, &results, &errors, &next_components, &expired_only];
+        let wait = owners == Owners::Wait;
+        let params: sql::Params = &[
+            &ids,
+            &attempts,
+            &statuses,
+            &results,
+            &errors,
+            &next_components,
+            &expired_only,
+            &wait,
+        ];
         // Each request is sent when its future is first polled, and `biased` has try_join poll
         // them in the order written (by default it rotates which one goes first). (Should
         // BEGIN fail, the connection is gone and nothing after it runs.)
@@ -158,7 +204,9 @@ impl Broker {
             async { client.query(&finish_items, params).await.map_err(BrokerError::from) },
         );
         let grown = match opened {
-            Ok(((), finished)) => self.grow_workflows(&client, endings, &recorded, &finished).await,
+            Ok(((), finished)) => {
+                self.grow_workflows(&client, endings, &recorded, &finished, owners).await
+            }
             Err(error) => Err(error),
         };
         let (answers, released) = match grown {
@@ -195,8 +243,9 @@ impl Broker {
         endings: &[AttemptEnding],
         recorded: &[Recorded<'_>],
         finished: &[Row],
-    ) -> Result<(Vec<Result<ItemStatus, BrokerError>>, Vec<Ended>), BrokerError> {
-        let mut outcomes: Vec<Option<Result<ItemStatus, BrokerError>>> =
+        owners: Owners,
+    ) -> Result<(Vec<Result<Answer, BrokerError>>, Vec<Ended>), BrokerError> {
+        let mut outcomes: Vec<Option<Result<Answer, BrokerError>>> =
             endings.iter().map(|_| None).collect();
         let mut tenant_deltas = TenantDeltas::default();
         let mut released = Vec::with_capacity(finished.len());
@@ -214,13 +263,13 @@ impl Broker {
             let service: String = row.try_get("service")?;
             let querier_leaving: bool = row.try_get("querier_leaving")?;
             released.push(Ended { service, querier_leaving });
-            outcomes[index] = Some(Ok(status));
+            outcomes[index] = Some(Ok(Answer::Applied(status)));
         }
         let mut answers = Vec::with_capacity(endings.len());
         for (outcome, ending) in outcomes.into_iter().zip(endings) {
             answers.push(match outcome {
                 Some(outcome) => outcome,
-                None => Err(why_not_applied(tx, ending.id, ending.attempt).await?),
+                None => unapplied(tx, ending, owners).await?,
             });
         }
         if !maybe_done.is_empty() {
@@ -311,6 +360,24 @@ impl Broker {
 
 fn item_not_found(id: WorkItemId) -> BrokerError {
     BrokerError::not_found("work_item_not_found", format!("no work item {id}"))
+}
+
+/// An ending finish_items did not apply: deferred, if the batch skipped held owners and the
+/// item still runs under that attempt (nothing else leaves it so, V8); otherwise refused.
+async fn unapplied(
+    tx: &impl GenericClient,
+    ending: &AttemptEnding,
+    owners: Owners,
+) -> Result<Result<Answer, BrokerError>, BrokerError> {
+    if owners == Owners::SkipHeld {
+        if let Some(row) = sql::query_opt(tx, DESCRIBE_ITEM, &[&ending.id.0]).await? {
+            let status: String = row.try_get("status")?;
+            if status == "running" && row.try_get::<_, i32>("attempt")? == ending.attempt {
+                return Ok(Ok(Answer::Deferred));
+            }
+        }
+    }
+    Ok(Err(why_not_applied(tx, ending.id, ending.attempt).await?))
 }
 
 /// Explains why an update naming `attempt` of item `id` did not apply.

@@ -1,6 +1,9 @@
 //! Group commit: claims and attempt endings that arrive together share one transaction, and
 //! each still gets its own answer.
 
+use std::time::Duration;
+
+use reqwest::StatusCode;
 use serde_json::json;
 
 use fairway::broker::sql;
@@ -69,8 +72,8 @@ async fn a_refused_ending_does_not_fail_its_batch() {
     let statuses = ["successful"; 5];
     let results = vec![Some(json!([])); 5];
     let nothing: Vec<Option<&str>> = vec![None; 5];
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
-        [&ids, &&attempts[..], &&statuses[..], &results, &nothing, &nothing, &false];
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
+        [&ids, &&attempts[..], &&statuses[..], &results, &nothing, &nothing, &false, &false];
     let rows = app.db.query(sql::FINISH_ITEMS, &params).await.expect("finish_items");
     let applied: Vec<i32> = rows.iter().map(|row| row.get("ending")).collect();
     assert_eq!(applied, vec![1, 2, 4, 5]);
@@ -115,5 +118,78 @@ async fn a_failed_ending_transaction_is_rolled_back_and_the_others_apply() {
     }
     app.succeed(&items[0], json!([])).await;
     assert_eq!(app.job(job).await["status"], "successful");
+    app.assert_consistent().await;
+}
+
+/// A batch of endings does not wait for an owner's row that another transaction holds (V8):
+/// the ending goes again in a later batch and finally waits alone, its item untouched
+/// meanwhile, while the other owners' endings apply. Before V8 it waited inside the batch, and
+/// every ending behind it in the queue waited too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ending_whose_owner_is_held_holds_up_no_other_ending() {
+    let app = spawn_app().await;
+    app.submit_simple("alice", "svc", 1, true).await;
+    app.submit_simple("bob", "svc", 1, true).await;
+    let items = app.claim_with("service=svc&querier=pod&max=2").await;
+    let (Some(alices), Some(bobs)) = (
+        items.iter().find(|item| item["user"] == "alice"),
+        items.iter().find(|item| item["user"] == "bob"),
+    ) else {
+        panic!("one item each for alice and bob: {items:?}");
+    };
+    // Alice's row held by a transaction of our own, as a claim batch holds its users' rows.
+    let (holder, connection) =
+        app.config.connect(tokio_postgres::NoTls).await.expect("a second connection");
+    tokio::spawn(connection);
+    holder
+        .batch_execute("BEGIN; SELECT 1 FROM users WHERE username = 'alice' FOR NO KEY UPDATE")
+        .await
+        .expect("hold alice's row");
+
+    let success = json!({ "status": "successful", "attempt": 1, "results": [] });
+    let alices_ending = app.report(alices, success.clone());
+    futures_util::pin_mut!(alices_ending);
+    // Alice's ending goes first, and on until it waits for her row (after a few deferrals, in
+    // a transaction of its own); only then Bob's. The bounds only turn a hang into a failure.
+    let waiting = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            tokio::select! {
+                _ = &mut alices_ending => panic!("alice's ending applied while her row was held"),
+                _ = tokio::task::yield_now() => {}
+            }
+            let row = app
+                .db
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                      WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .await
+                .expect("lock waits");
+            if row.get::<_, i64>(0) > 0 {
+                return;
+            }
+        }
+    });
+    waiting.await.expect("alice's ending never waited for her row");
+    let bobs_answer = tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::select! {
+            answer = app.report(bobs, success) => answer,
+            _ = &mut alices_ending => panic!("alice's ending applied while her row was held"),
+        }
+    })
+    .await
+    .expect("bob's ending waited behind alice's");
+    assert_eq!(bobs_answer.status(), StatusCode::OK);
+    let alices_status: String = app
+        .db
+        .query_one("SELECT status::text FROM work_items WHERE id = $1", &[&alices["id"].as_i64()])
+        .await
+        .expect("alice's item")
+        .get(0);
+    assert_eq!(alices_status, "running", "alice's item changed while her row was held");
+
+    holder.batch_execute("COMMIT").await.expect("release alice's row");
+    assert_eq!(alices_ending.await.status(), StatusCode::OK);
     app.assert_consistent().await;
 }

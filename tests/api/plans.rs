@@ -163,7 +163,7 @@ async fn connect_with_notices(
 fn finish(item: i64, attempt: i32) -> String {
     format!(
         "SELECT * FROM finish_items(ARRAY[{item}::bigint], ARRAY[{attempt}], ARRAY['successful'], \
-         ARRAY['[]'::jsonb], ARRAY[NULL::text], ARRAY[NULL::text], false)"
+         ARRAY['[]'::jsonb], ARRAY[NULL::text], ARRAY[NULL::text], false, false)"
     )
 }
 
@@ -178,7 +178,7 @@ SELECT * FROM finish_items(
     ARRAY(SELECT '[]'::jsonb FROM work_items WHERE status = 'running' ORDER BY id),
     ARRAY(SELECT NULL::text FROM work_items WHERE status = 'running' ORDER BY id),
     ARRAY(SELECT NULL::text FROM work_items WHERE status = 'running' ORDER BY id),
-    false)";
+    false, false)";
 
 #[tokio::test]
 async fn the_hot_path_is_index_probes_at_a_million_items() {
