@@ -159,11 +159,13 @@ async fn connect_with_notices(
     (db, notices)
 }
 
-/// Ends the attempt `attempt` of item `item` successfully, as a batch of one.
+/// Ends the attempt `attempt` of item `item` successfully, as a batch of one that waits for
+/// its owner's row: the reaper's way, and an ending's after its deferrals (V8). The batches
+/// that skip held owners are pinned by FINISH_RUNNING.
 fn finish(item: i64, attempt: i32) -> String {
     format!(
         "SELECT * FROM finish_items(ARRAY[{item}::bigint], ARRAY[{attempt}], ARRAY['successful'], \
-         ARRAY['[]'::jsonb], ARRAY[NULL::text], ARRAY[NULL::text], false, false)"
+         ARRAY['[]'::jsonb], ARRAY[NULL::text], ARRAY[NULL::text], false, true)"
     )
 }
 
