@@ -204,9 +204,7 @@ impl Broker {
             async { client.query(&finish_items, params).await.map_err(BrokerError::from) },
         );
         let grown = match opened {
-            Ok(((), finished)) => {
-                self.grow_workflows(&client, endings, &recorded, &finished, owners).await
-            }
+            Ok(((), finished)) => self.grow_workflows(&client, endings, &recorded, &finished).await,
             Err(error) => Err(error),
         };
         let (answers, released) = match grown {
@@ -235,15 +233,14 @@ impl Broker {
     }
 
     /// Inside the endings' transaction, after finish_items (`finished`, its rows): grows each
-    /// applied ending's workflow, explains each refused one, and applies the tenant rows'
-    /// changes last. Returns the answers and the attempts that ended.
+    /// applied ending's workflow, explains each refused one (no row), and applies the tenant
+    /// rows' changes last. Returns the answers and the attempts that ended.
     async fn grow_workflows(
         &self,
         tx: &impl GenericClient,
         endings: &[AttemptEnding],
         recorded: &[Recorded<'_>],
         finished: &[Row],
-        owners: Owners,
     ) -> Result<(Vec<Result<Answer, BrokerError>>, Vec<Ended>), BrokerError> {
         let mut outcomes: Vec<Option<Result<Answer, BrokerError>>> =
             endings.iter().map(|_| None).collect();
@@ -255,6 +252,10 @@ impl Broker {
                 .ok()
                 .filter(|index| *index < endings.len())
                 .ok_or(BrokerError::BatchLost)?;
+            if row.try_get("deferred")? {
+                outcomes[index] = Some(Ok(Answer::Deferred));
+                continue;
+            }
             let ending = &endings[index];
             let status = recorded[index].status;
             if let Some(job) = self.grow_workflow(tx, ending, row, &mut tenant_deltas).await? {
@@ -269,7 +270,7 @@ impl Broker {
         for (outcome, ending) in outcomes.into_iter().zip(endings) {
             answers.push(match outcome {
                 Some(outcome) => outcome,
-                None => unapplied(tx, ending, owners).await?,
+                None => Err(why_not_applied(tx, ending.id, ending.attempt).await?),
             });
         }
         if !maybe_done.is_empty() {
@@ -360,24 +361,6 @@ impl Broker {
 
 fn item_not_found(id: WorkItemId) -> BrokerError {
     BrokerError::not_found("work_item_not_found", format!("no work item {id}"))
-}
-
-/// An ending finish_items did not apply: deferred, if the batch skipped held owners and the
-/// item still runs under that attempt (nothing else leaves it so, V8); otherwise refused.
-async fn unapplied(
-    tx: &impl GenericClient,
-    ending: &AttemptEnding,
-    owners: Owners,
-) -> Result<Result<Answer, BrokerError>, BrokerError> {
-    if owners == Owners::SkipHeld {
-        if let Some(row) = sql::query_opt(tx, DESCRIBE_ITEM, &[&ending.id.0]).await? {
-            let status: String = row.try_get("status")?;
-            if status == "running" && row.try_get::<_, i32>("attempt")? == ending.attempt {
-                return Ok(Ok(Answer::Deferred));
-            }
-        }
-    }
-    Ok(Err(why_not_applied(tx, ending.id, ending.attempt).await?))
 }
 
 /// Explains why an update naming `attempt` of item `id` did not apply.

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use fairway::broker::sql;
 
-use crate::helpers::spawn_app;
+use crate::helpers::{spawn_app, TestApp};
 
 /// One claim statement for requests of two services and three queriers, one of them not a
 /// member yet and one shutting down: each request is answered for itself.
@@ -68,15 +68,8 @@ async fn a_refused_ending_does_not_fail_its_batch() {
     let items = app.claim_with("service=svc&querier=pod&max=5").await;
     let ids: Vec<i64> = items.iter().filter_map(|item| item["id"].as_i64()).collect();
     assert_eq!(ids.len(), 5);
-    let attempts = [1, 1, 7, 1, 1];
-    let statuses = ["successful"; 5];
-    let results = vec![Some(json!([])); 5];
-    let nothing: Vec<Option<&str>> = vec![None; 5];
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
-        [&ids, &&attempts[..], &&statuses[..], &results, &nothing, &nothing, &false, &false];
-    let rows = app.db.query(sql::FINISH_ITEMS, &params).await.expect("finish_items");
-    let applied: Vec<i32> = rows.iter().map(|row| row.get("ending")).collect();
-    assert_eq!(applied, vec![1, 2, 4, 5]);
+    let answers = end_successfully(&app, &ids, &[1, 1, 7, 1, 1]).await;
+    assert_eq!(answers, vec![(1, false), (2, false), (4, false), (5, false)]);
     let response =
         app.report(&items[2], json!({ "status": "successful", "attempt": 1, "results": [] })).await;
     assert_eq!(response.status(), 200, "the third item was still running");
@@ -138,13 +131,7 @@ async fn an_ending_whose_owner_is_held_holds_up_no_other_ending() {
         panic!("one item each for alice and bob: {items:?}");
     };
     // Alice's row held by a transaction of our own, as a claim batch holds its users' rows.
-    let (holder, connection) =
-        app.config.connect(tokio_postgres::NoTls).await.expect("a second connection");
-    tokio::spawn(connection);
-    holder
-        .batch_execute("BEGIN; SELECT 1 FROM users WHERE username = 'alice' FOR NO KEY UPDATE")
-        .await
-        .expect("hold alice's row");
+    let holder = hold_users_row(&app, "alice").await;
 
     let success = json!({ "status": "successful", "attempt": 1, "results": [] });
     let alices_ending = app.report(alices, success.clone());
@@ -192,4 +179,75 @@ async fn an_ending_whose_owner_is_held_holds_up_no_other_ending() {
     holder.batch_execute("COMMIT").await.expect("release alice's row");
     assert_eq!(alices_ending.await.status(), StatusCode::OK);
     app.assert_consistent().await;
+}
+
+/// A batch that does not wait for held owners answers each ending for what happened to it:
+/// applied, deferred (its owner's row was held, and its item still runs under that attempt),
+/// or no row at all (refused: here a stale attempt).
+#[tokio::test]
+async fn a_batch_tells_deferred_endings_from_applied_and_refused_ones() {
+    let app = spawn_app().await;
+    app.submit_simple("alice", "svc", 1, true).await;
+    app.submit_simple("bob", "svc", 2, true).await;
+    let items = app.claim_with("service=svc&querier=pod&max=3").await;
+    let id_of = |user: &str, nth: usize| {
+        items
+            .iter()
+            .filter(|item| item["user"] == user)
+            .nth(nth)
+            .and_then(|item| item["id"].as_i64())
+    };
+    let (Some(alices), Some(bobs), Some(bobs_second)) =
+        (id_of("alice", 0), id_of("bob", 0), id_of("bob", 1))
+    else {
+        panic!("one item for alice and two for bob: {items:?}");
+    };
+    let holder = hold_users_row(&app, "alice").await;
+
+    let answers = end_successfully(&app, &[alices, bobs, bobs_second], &[1, 1, 2]).await;
+    assert_eq!(
+        answers,
+        vec![(1, true), (2, false)],
+        "alice's deferred, bob's applied, the stale one refused"
+    );
+    let alices_item = app
+        .db
+        .query_one("SELECT status::text, attempt FROM work_items WHERE id = $1", &[&alices])
+        .await
+        .expect("alice's item");
+    assert_eq!(
+        (alices_item.get::<_, String>(0), alices_item.get::<_, i32>(1)),
+        ("running".to_owned(), 1)
+    );
+
+    holder.batch_execute("COMMIT").await.expect("release alice's row");
+    app.assert_consistent().await;
+}
+
+/// A connection whose open transaction holds `user`'s users row until it commits.
+async fn hold_users_row(app: &TestApp, user: &str) -> tokio_postgres::Client {
+    let (holder, connection) =
+        app.config.connect(tokio_postgres::NoTls).await.expect("a second connection");
+    tokio::spawn(connection);
+    holder.batch_execute("BEGIN").await.expect("begin");
+    holder
+        .execute("SELECT 1 FROM users WHERE username = $1 FOR NO KEY UPDATE", &[&user])
+        .await
+        .expect("hold the user's row");
+    holder
+}
+
+/// Ends attempts `attempts` of items `ids` successfully in one batch that does not wait for
+/// held owners, and returns each answered ending's number and whether it was deferred.
+async fn end_successfully(app: &TestApp, ids: &[i64], attempts: &[i32]) -> Vec<(i32, bool)> {
+    let statuses = vec!["successful"; ids.len()];
+    let results = vec![Some(json!([])); ids.len()];
+    let nothing: Vec<Option<&str>> = vec![None; ids.len()];
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
+        [&ids, &attempts, &statuses, &results, &nothing, &nothing, &false, &false];
+    let rows = app.db.query(sql::FINISH_ITEMS, &params).await.expect("finish_items");
+    let mut answers: Vec<(i32, bool)> =
+        rows.iter().map(|row| (row.get("ending"), row.get("deferred"))).collect();
+    answers.sort_unstable();
+    answers
 }
