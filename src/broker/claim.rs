@@ -85,7 +85,9 @@ impl Broker {
         let params: sql::Params = &[&services, &queriers, &workers, &maxes, &lease, &touch_every];
         let mut items: Vec<Vec<WorkItem>> = requests.iter().map(|_| Vec::new()).collect();
         let mut states: Vec<Option<String>> = vec![None; requests.len()];
-        for row in sql::query(&client, CLAIM_ITEMS, params).await? {
+        let claimed = sql::query(&client, CLAIM_ITEMS, params).await?;
+        self.claims_committed.notify_waiters();
+        for row in claimed {
             let request = usize::try_from(row.try_get::<_, i32>("request")? - 1)
                 .ok()
                 .filter(|index| *index < requests.len())

@@ -12,9 +12,11 @@ mod outcome;
 mod signals;
 pub mod sql;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
+use tokio::sync::Notify;
 
 use batch::Batches;
 use claim::Look;
@@ -47,13 +49,17 @@ pub struct Broker {
     signals: WorkSignals,
     claims: Batches<ClaimRequest, Result<Look, BrokerError>>,
     endings: Batches<AttemptEnding, Result<Answer, BrokerError>>,
+    /// Each claim batch of this broker that committed: it released the users rows it held,
+    /// which deferred endings wait for.
+    claims_committed: Arc<Notify>,
 }
 
 impl Broker {
     pub fn new(pool: Pool, settings: BrokerSettings, signals: WorkSignals) -> Self {
         let (lanes, most) = (settings.batch_lanes, settings.batch_max);
         let (claims, endings) = (Batches::new(lanes, most), Batches::new(lanes, most));
-        Self { pool, settings, signals, claims, endings }
+        let claims_committed = Arc::new(Notify::new());
+        Self { pool, settings, signals, claims, endings, claims_committed }
     }
 
     async fn client(&self) -> Result<Object, BrokerError> {

@@ -1,3 +1,6 @@
+use std::pin::pin;
+use std::time::Duration;
+
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 use tokio_postgres::types::Json;
@@ -39,6 +42,10 @@ struct Recorded<'a> {
 /// batch holds most of them most of the time; 3 sent too many endings to wait alone, each a
 /// transaction more (docs/benchmarks.md).
 const DEFERRALS: usize = 10;
+
+/// Longest a deferred ending waits for a claim batch of this broker to commit before it goes
+/// again: the holder may be another broker's.
+const DEFERRAL_PAUSE: Duration = Duration::from_millis(5);
 
 /// What a batch did with one ending.
 pub(super) enum Answer {
@@ -105,10 +112,19 @@ impl Broker {
         // A batch does not wait for an owner's row another transaction holds (a claim batch,
         // mostly); the ending goes again with a later batch, and after a few tries alone.
         for _ in 0..DEFERRALS {
+            // Registered before the batch goes, so that a claim batch committing meanwhile
+            // counts.
+            let mut claims_committed = pin!(self.claims_committed.notified());
+            claims_committed.as_mut().enable();
             let answer = self.endings.submit(ending.clone(), run.clone()).await;
             match answer.unwrap_or(Err(BrokerError::BatchLost))? {
                 Answer::Applied(status) => return Ok(status),
-                Answer::Deferred => {}
+                // Going again at once would find the row still held, as often as not: go once
+                // this broker's claim batch has let go of its rows, or after a pause when the
+                // holder is elsewhere.
+                Answer::Deferred => {
+                    let _ = tokio::time::timeout(DEFERRAL_PAUSE, claims_committed).await;
+                }
             }
         }
         let mut answers = self.end_batch(&[ending], LeaseCondition::Any, Owners::Wait).await?;
