@@ -249,8 +249,25 @@ async fn run_path(
         wanted: args.rounds.saturating_mul(users as u64),
         cap: (backlog / 2) as u64,
     };
-    let measured =
-        paths::measure(Arc::new(runner), seeded.clone(), args.workers, limits, args.max).await;
+    let runner = Arc::new(runner);
+    let mut measured =
+        paths::measure(runner.clone(), seeded.clone(), args.workers, limits, args.max).await;
+    let mut waiting = still_waiting(&measured.per_user, &seeded.items);
+    // A small backlog is half handed out in a couple of seconds, too short a run to measure on
+    // a shared machine: the path goes over it again, from the seeded state each time, until it
+    // has run for `duration` in all.
+    let mut pass_claims = measured.claims;
+    while pass_claims >= limits.cap && measured.elapsed < args.duration {
+        seed::reset(pool).await?;
+        let pass = paths::measure(runner.clone(), seeded.clone(), args.workers, limits, args.max)
+            .await;
+        pass_claims = pass.claims;
+        for (waits, still) in waiting.iter_mut().zip(still_waiting(&pass.per_user, &seeded.items))
+        {
+            *waits &= still;
+        }
+        measured.absorb(pass);
+    }
     if let Some((handle, task)) = server {
         handle.stop(true).await;
         let _ = task.await;
@@ -282,20 +299,23 @@ async fn run_path(
         p50_ms: millis(0.5),
         p90_ms: millis(0.9),
         p99_ms: millis(0.99),
-        jain: stats::jain(&still_waiting(&measured.per_user, &seeded.items)),
+        jain: stats::jain(
+            &measured
+                .per_user
+                .iter()
+                .zip(&waiting)
+                .filter(|(_, waits)| **waits)
+                .map(|(served, _)| *served)
+                .collect::<Vec<_>>(),
+        ),
         errors: measured.errors,
     })
 }
 
-/// Items served to the users that had ready work for the whole run: with no work added during a
-/// run, those that were not served everything they had.
-fn still_waiting(served: &[u64], seeded: &[u64]) -> Vec<u64> {
-    served
-        .iter()
-        .zip(seeded)
-        .filter(|(served, seeded)| served < seeded)
-        .map(|(served, _)| *served)
-        .collect()
+/// Which users had ready work for the whole of a pass: with no work added during a pass, those
+/// that were not served everything they had.
+fn still_waiting(served: &[u64], seeded: &[u64]) -> Vec<bool> {
+    served.iter().zip(seeded).map(|(served, seeded)| served < seeded).collect()
 }
 
 fn path_name(path: BenchPath) -> String {

@@ -218,20 +218,27 @@ pub async fn measure(
         first_error: None,
     };
     for handle in handles {
-        let Ok(part) = handle.await else {
-            total.errors += 1;
-            continue;
-        };
-        total.claims += part.claims;
-        total.latencies.extend(part.latencies);
-        for (sum, count) in total.per_user.iter_mut().zip(part.per_user) {
-            *sum += count;
+        match handle.await {
+            Ok(part) => total.absorb(part),
+            Err(_) => total.errors += 1,
         }
-        total.errors += part.errors;
-        total.first_error = total.first_error.or(part.first_error);
     }
     total.elapsed = started.elapsed();
     total
+}
+
+impl Measured {
+    /// Adds `other`'s counts to these (its elapsed time too: workers' parts have none).
+    pub fn absorb(&mut self, other: Measured) {
+        self.claims += other.claims;
+        self.elapsed += other.elapsed;
+        self.latencies.extend(other.latencies);
+        for (sum, count) in self.per_user.iter_mut().zip(other.per_user) {
+            *sum += count;
+        }
+        self.errors += other.errors;
+        self.first_error = self.first_error.take().or(other.first_error);
+    }
 }
 
 struct Stop {
