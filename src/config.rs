@@ -198,7 +198,7 @@ pub struct BenchArgs {
     pub rounds: u64,
 
     /// ...but no longer than this. Every run also ends once half the backlog is handed out.
-    #[arg(long, default_value = "45s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub max_duration: Duration,
 
     /// Items per claim.
