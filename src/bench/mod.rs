@@ -259,11 +259,10 @@ async fn run_path(
     let mut pass_claims = measured.claims;
     while pass_claims >= limits.cap && measured.elapsed < args.duration {
         seed::reset(pool).await?;
-        let pass = paths::measure(runner.clone(), seeded.clone(), args.workers, limits, args.max)
-            .await;
+        let pass =
+            paths::measure(runner.clone(), seeded.clone(), args.workers, limits, args.max).await;
         pass_claims = pass.claims;
-        for (waits, still) in waiting.iter_mut().zip(still_waiting(&pass.per_user, &seeded.items))
-        {
+        for (waits, still) in waiting.iter_mut().zip(still_waiting(&pass.per_user, &seeded.items)) {
             *waits &= still;
         }
         measured.absorb(pass);

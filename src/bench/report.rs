@@ -89,7 +89,9 @@ impl Report {
                 {
                     let ratio = fair / base;
                     met = Some(met.unwrap_or(true) && ratio >= factor);
-                    detail.push(format!("{users}u/{backlog}: {ratio:.2}x"));
+                    // Three decimals (here and below): a ratio just under its bound must not
+                    // print as meeting it.
+                    detail.push(format!("{users}u/{backlog}: {ratio:.3}x"));
                 }
             }
             targets.push((name.to_owned(), met, detail.join(", ")));
@@ -113,7 +115,7 @@ impl Report {
         let flat = match (p99(10_000, 1_000_000), p99(10, 10_000)) {
             (Some(large), Some(small)) => (
                 Some(large <= 1.5 * small),
-                format!("{large:.2} ms vs {small:.2} ms: {:.2}x", large / small),
+                format!("{large:.2} ms vs {small:.2} ms: {:.3}x", large / small),
             ),
             _ => (None, "needs both points".to_owned()),
         };
@@ -161,7 +163,7 @@ impl Report {
                 (claims("http", users, backlog), claims("fair", users, backlog))
             {
                 http_met = Some(http_met.unwrap_or(true) && http >= 0.5 * fair);
-                http_detail.push(format!("{users}u/{backlog}: {:.2}x", http / fair));
+                http_detail.push(format!("{users}u/{backlog}: {:.3}x", http / fair));
             }
         }
         targets.push(("http ≥ 0.5 × fair".to_owned(), http_met, http_detail.join(", ")));
