@@ -197,7 +197,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10)]
     pub rounds: u64,
 
-    /// ...but no longer than this. Every run also ends once half the backlog is handed out.
+    /// ...but no longer than this. A pass over the backlog also ends once half of it is handed
+    /// out, so that no user runs dry; a path that gets there before --duration goes over the
+    /// backlog again, from the seeded state, until it has run --duration in all.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub max_duration: Duration,
 

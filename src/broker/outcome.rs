@@ -51,7 +51,8 @@ const DEFERRAL_PAUSE: Duration = Duration::from_millis(5);
 pub(super) enum Answer {
     /// Applied: the item's status now.
     Applied(ItemStatus),
-    /// Another transaction held the owner's row: nothing changed; send it again (V8).
+    /// Another transaction held the owner's row: nothing changed; send it again (V8, and V9
+    /// answers it as such).
     Deferred,
 }
 
