@@ -221,3 +221,19 @@ async fn a_batch_is_as_fair_as_single_claims() {
     assert_eq!(users, ["a", "a", "b", "b", "c", "c", "d", "d"]);
     app.assert_consistent().await;
 }
+
+/// Within one batch, each claim goes where one claim at a time would go: a user far behind
+/// takes claim after claim until level, then the tie goes to the user worked less recently.
+#[tokio::test]
+async fn a_batch_serves_the_user_furthest_behind_until_level() {
+    let app = spawn_app().await;
+    app.submit_simple("alice", "svc", 10, true).await;
+    for _ in 0..5 {
+        assert_eq!(user_of(&app.claim("svc").await.expect("alice's item")), "alice");
+    }
+    app.submit_simple("bob", "svc", 10, true).await;
+    let batch = app.claim_with("service=svc&querier=pod-0&max=6").await;
+    let bobs = batch.iter().filter(|item| user_of(item) == "bob").count();
+    assert_eq!((bobs, batch.len()), (5, 6), "bob five, then alice: {batch:?}");
+    app.assert_consistent().await;
+}
