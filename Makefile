@@ -22,16 +22,16 @@ endif
 
 ## Measure the broker beside its baselines (about 9 minutes on 2 cores); results in docs/bench/.
 bench:
-	$(CARGO) run --release -- bench --out docs/bench
+	$(CARGO) run --release -- bench --json docs/bench/results.json
 
 ## The two-minute smoke version, on a throwaway cluster unless DATABASE_URL is set.
 bench-quick:
 	$(CARGO) build --release --bin fairway
 ifdef DATABASE_URL
-	./target/release/fairway bench --quick --out target/bench-quick
+	./target/release/fairway bench --quick --json target/bench-quick/results.json
 else
 	./target/release/fairway postgres --data-dir target/bench-postgres --ephemeral -- \
-		./target/release/fairway bench --quick --out target/bench-quick
+		./target/release/fairway bench --quick --json target/bench-quick/results.json
 endif
 
 ## What CI checks besides the tests.

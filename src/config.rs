@@ -229,9 +229,10 @@ pub struct BenchArgs {
     #[arg(long)]
     pub quick: bool,
 
-    /// Where to write results.json, chart.svg and results.md.
-    #[arg(long, default_value = "docs/bench")]
-    pub out: PathBuf,
+    /// Where to write the results as JSON; the chart (chart.svg) and the table (results.md) go in
+    /// the same directory.
+    #[arg(long, value_name = "FILE", default_value = "docs/bench/results.json")]
+    pub json: PathBuf,
 }
 
 impl BenchArgs {

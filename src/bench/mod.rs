@@ -61,9 +61,9 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
         server.stop().await?;
     }
     let report = outcome?;
-    report.write(&args.out)?;
+    report.write(&args.json)?;
     println!("\n{}", report.markdown());
-    println!("results written to {}", args.out.display());
+    println!("results written to {} (chart and table beside it)", args.json.display());
     // A claim path that errors measures nothing: fail the run, so that CI notices.
     let errors: u64 = report.runs.iter().map(|run| run.errors).sum();
     if errors > 0 {

@@ -170,11 +170,13 @@ impl Report {
         targets
     }
 
-    pub fn write(&self, dir: &Path) -> Result<(), BenchError> {
+    /// Writes the JSON to `json`, and chart.svg and results.md beside it.
+    pub fn write(&self, json: &Path) -> Result<(), BenchError> {
+        let dir = json.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir)?;
-        let json = serde_json::to_string_pretty(self)
+        let text = serde_json::to_string_pretty(self)
             .map_err(|e| BenchError::Unexpected(e.to_string()))?;
-        std::fs::write(dir.join("results.json"), json + "\n")?;
+        std::fs::write(json, text + "\n")?;
         std::fs::write(dir.join("chart.svg"), self.chart())?;
         std::fs::write(dir.join("results.md"), self.markdown())?;
         Ok(())
@@ -328,5 +330,66 @@ impl Report {
         }
         svg.push_str("</svg>\n");
         svg
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--json FILE` gets the fields; the chart and the table land beside it.
+    #[test]
+    fn the_json_file_has_every_field_and_the_chart_and_table_go_beside_it() {
+        let run = Run {
+            path: "fair".to_owned(),
+            users: 10,
+            tenants: 1,
+            components: 1,
+            backlog: 10_000,
+            workers: 32,
+            max: 1,
+            duration_s: 10.0,
+            claims_per_s: Some(3000.0),
+            p50_ms: Some(5.0),
+            p90_ms: Some(8.0),
+            p99_ms: Some(15.0),
+            jain: Some(0.999),
+            errors: 0,
+        };
+        let machine = Machine {
+            cores: 2,
+            memory_gib: Some(24.0),
+            postgres: "15".to_owned(),
+            os: "linux".to_owned(),
+        };
+        let report = Report { command: "fairway bench".to_owned(), machine, runs: vec![run] };
+        let dir = std::env::temp_dir().join(format!("fairway-report-{}", std::process::id()));
+        let json = dir.join("nested").join("out.json");
+        report.write(&json).expect("written");
+
+        let text = std::fs::read_to_string(&json).expect("the JSON file");
+        let value: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        assert!(value["machine"].is_object());
+        let fields = [
+            "path",
+            "users",
+            "tenants",
+            "components",
+            "backlog",
+            "workers",
+            "max",
+            "duration_s",
+            "claims_per_s",
+            "p50_ms",
+            "p90_ms",
+            "p99_ms",
+            "jain",
+        ];
+        for field in fields {
+            assert!(!value["runs"][0][field].is_null(), "runs[0] lacks {field}: {text}");
+        }
+        let beside = json.parent().expect("a directory");
+        assert!(beside.join("chart.svg").is_file() && beside.join("results.md").is_file());
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
