@@ -184,6 +184,11 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub components: u32,
 
+    /// Jobs per user: J = users × this, job i belonging to user i mod users, the backlog split
+    /// evenly over the jobs.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub jobs_per_user: u32,
+
     /// Concurrent claimers, each with its own connection while it works.
     #[arg(long, default_value_t = 32)]
     pub workers: usize,

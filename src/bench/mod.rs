@@ -78,8 +78,11 @@ async fn run_matrix(
 ) -> Result<Report, BenchError> {
     let mut runs = Vec::new();
     let mut postgres = String::new();
-    let partitions =
-        seed::Partitions { tenants: args.tenants as usize, components: args.components as usize };
+    let partitions = seed::Partitions {
+        jobs_per_user: args.jobs_per_user as usize,
+        tenants: args.tenants as usize,
+        components: args.components as usize,
+    };
     for &backlog in &args.backlog {
         for &users in &args.users {
             let point = Point { users: users as usize, backlog: backlog as usize, partitions };
@@ -133,7 +136,10 @@ async fn run_point(
     let pool = db::pool::connect(config.clone(), pool_size(args))?;
     db::migrations::run(&pool).await?;
     *postgres = pool.get().await?.query_one("SHOW server_version", &[]).await?.try_get(0)?;
-    eprintln!("seeding {users} users over {} tenants and {backlog} items", partitions.tenants);
+    eprintln!(
+        "seeding {users} users with {} jobs each, over {} tenants, and {backlog} items",
+        partitions.jobs_per_user, partitions.tenants
+    );
     let seeded = Arc::new(seed::seed(&pool, users, backlog, partitions).await?);
     let mut runs = Vec::new();
     for (index, &path) in paths.iter().enumerate() {
@@ -288,6 +294,7 @@ async fn run_path(
     Ok(Run {
         path: path_name(path),
         users,
+        jobs: users * partitions.jobs_per_user,
         tenants: partitions.tenants,
         components: partitions.components,
         backlog,
@@ -343,6 +350,7 @@ async fn run_wakeup(args: &BenchArgs, admin: &tokio_postgres::Config) -> Result<
     Ok(Run {
         path: "wakeup".to_owned(),
         users: args.wakeup_trials,
+        jobs: args.wakeup_trials,
         tenants: 1,
         components: 1,
         backlog: 0,

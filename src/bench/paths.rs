@@ -213,7 +213,7 @@ pub async fn measure(
         claims: 0,
         elapsed: Duration::ZERO,
         latencies: Vec::new(),
-        per_user: vec![0; seeded.jobs.len()],
+        per_user: vec![0; seeded.users()],
         errors: 0,
         first_error: None,
     };
@@ -268,7 +268,7 @@ async fn work(
         claims: 0,
         elapsed: Duration::ZERO,
         latencies: Vec::with_capacity(4096),
-        per_user: vec![0; seeded.jobs.len()],
+        per_user: vec![0; seeded.users()],
         errors: 0,
         first_error: None,
     };

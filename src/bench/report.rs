@@ -22,6 +22,7 @@ type Metric = fn(&Run) -> Option<f64>;
 pub struct Run {
     pub path: String,
     pub users: usize,
+    pub jobs: usize,
     pub tenants: usize,
     pub components: usize,
     pub backlog: usize,
@@ -343,6 +344,7 @@ mod tests {
         let run = Run {
             path: "fair".to_owned(),
             users: 10,
+            jobs: 10,
             tenants: 1,
             components: 1,
             backlog: 10_000,

@@ -1,5 +1,7 @@
 //! Seeds the benchmark database in bulk, and resets it between claim paths.
 
+use std::collections::BTreeSet;
+
 use deadpool_postgres::Pool;
 use futures_util::pin_mut;
 use serde_json::json;
@@ -16,16 +18,22 @@ const HARMONY_SCHEMA: &str = include_str!("../../sql/bench/harmony_schema.sql");
 const SEED_COUNTERS: &str = include_str!("../../sql/bench/seed_counters.sql");
 const RESET_ITEMS: &str = include_str!("../../sql/bench/reset_items.sql");
 
-/// What was seeded: each job belongs to the user with the same index.
+/// What was seeded: jobs, sorted, and whose user each one is.
 pub struct Seeded {
     pub jobs: Vec<Uuid>,
+    /// The index of each job's user.
+    owners: Vec<usize>,
     /// Ready items seeded per user.
     pub items: Vec<u64>,
 }
 
 impl Seeded {
     pub fn user_of(&self, job: &Uuid) -> Option<usize> {
-        self.jobs.binary_search(job).ok()
+        self.jobs.binary_search(job).ok().map(|index| self.owners[index])
+    }
+
+    pub fn users(&self) -> usize {
+        self.items.len()
     }
 }
 
@@ -33,9 +41,11 @@ fn username(index: usize) -> String {
     format!("user-{index:05}")
 }
 
-/// How the users and jobs are dealt over tenants and query components.
+/// How many jobs each user has, and how the users and jobs are dealt over tenants and query
+/// components.
 #[derive(Debug, Clone, Copy)]
 pub struct Partitions {
+    pub jobs_per_user: usize,
     pub tenants: usize,
     pub components: usize,
 }
@@ -59,9 +69,10 @@ impl Partitions {
     }
 }
 
-/// `users` users with one asynchronous one-step job each, and `backlog` ready items split evenly
-/// between them, each job's items contiguous as a real submission's are, users dealt over the
-/// tenants and jobs over the components; written with COPY, then counters, VACUUM and ANALYZE.
+/// `users` users with `jobs_per_user` asynchronous one-step jobs each, and `backlog` ready items
+/// split evenly between the jobs, each job's items contiguous as a real submission's are, users
+/// dealt over the tenants and jobs over the components; written with COPY, then counters, VACUUM
+/// and ANALYZE.
 pub async fn seed(
     pool: &Pool,
     users: usize,
@@ -70,12 +81,14 @@ pub async fn seed(
 ) -> Result<Seeded, BenchError> {
     let client = pool.get().await?;
     client.batch_execute(HARMONY_SCHEMA).await?;
-    // Sorted, so that a job's index is its user's index and lookups are a binary search.
-    let mut jobs: Vec<Uuid> = (0..users).map(|_| Uuid::new_v4()).collect();
+    // Sorted, so that lookups are a binary search; job j belongs to user j mod users.
+    let job_count = users * partitions.jobs_per_user;
+    let mut jobs: Vec<Uuid> = (0..job_count).map(|_| Uuid::new_v4()).collect();
     jobs.sort_unstable();
+    let owners: Vec<usize> = (0..job_count).map(|job| job % users).collect();
     let names: Vec<String> = (0..users).map(username).collect();
     let tenants: Vec<String> = (0..users).map(|user| partitions.tenant(user)).collect();
-    let components: Vec<String> = (0..users).map(|user| partitions.component(user)).collect();
+    let components: Vec<String> = (0..job_count).map(|job| partitions.component(job)).collect();
     client
         .execute(
             "INSERT INTO tenants (tenant) SELECT DISTINCT unnest($1::text[]) ON CONFLICT DO NOTHING",
@@ -95,8 +108,15 @@ pub async fn seed(
         &client,
         "jobs (job_id, username, is_async, tenant, actor)",
         &[Type::UUID, Type::TEXT, Type::BOOL, Type::TEXT, Type::TEXT_ARRAY],
-        (0..users).map(|user| {
-            vec![&jobs[user] as &(dyn ToSql + Sync), &names[user], &true, &tenants[user], &no_actor]
+        (0..job_count).map(|job| {
+            let owner = owners[job];
+            vec![
+                &jobs[job] as &(dyn ToSql + Sync),
+                &names[owner],
+                &true,
+                &tenants[owner],
+                &no_actor,
+            ]
         }),
     )
     .await?;
@@ -120,46 +140,54 @@ pub async fn seed(
             Type::TEXT,
             Type::TEXT_ARRAY,
         ],
-        (0..users).map(|user| {
+        (0..job_count).map(|job| {
+            let owner = owners[job];
             vec![
-                &jobs[user] as &(dyn ToSql + Sync),
+                &jobs[job] as &(dyn ToSql + Sync),
                 &0_i32,
-                &components[user],
-                &names[user],
+                &components[job],
+                &names[owner],
                 &SERVICE,
                 &true,
-                &tenants[user],
+                &tenants[owner],
                 &no_actor,
             ]
         }),
     )
     .await?;
+    // One row per user and component its jobs need.
+    let queues: BTreeSet<(usize, &String)> =
+        (0..job_count).map(|job| (owners[job], &components[job])).collect();
     copy_rows(
         &client,
         "service_users (service, component, tenant, username)",
         &[Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT],
-        (0..users).map(|user| {
-            vec![&SERVICE as &(dyn ToSql + Sync), &components[user], &tenants[user], &names[user]]
+        queues.iter().map(|&(user, component)| {
+            vec![&SERVICE as &(dyn ToSql + Sync), component, &tenants[user], &names[user]]
         }),
     )
     .await?;
-    let items: Vec<u64> = (0..users)
-        .map(|user| (backlog / users + usize::from(user < backlog % users)) as u64)
+    let job_items: Vec<usize> = (0..job_count)
+        .map(|job| backlog / job_count + usize::from(job < backlog % job_count))
         .collect();
+    let mut items = vec![0_u64; users];
+    for (job, count) in job_items.iter().enumerate() {
+        items[owners[job]] += *count as u64;
+    }
     let payload = json!({});
     copy_rows(
         &client,
         "work_items (job_id, step_index, component, payload)",
         &[Type::UUID, Type::INT4, Type::TEXT, Type::JSONB],
-        (0..users).flat_map(|user| std::iter::repeat_n(user, items[user] as usize)).map(|user| {
-            vec![&jobs[user] as &(dyn ToSql + Sync), &0_i32, &components[user], &payload]
-        }),
+        (0..job_count)
+            .flat_map(|job| std::iter::repeat_n(job, job_items[job]))
+            .map(|job| vec![&jobs[job] as &(dyn ToSql + Sync), &0_i32, &components[job], &payload]),
     )
     .await?;
     client.batch_execute(SEED_COUNTERS).await?;
     client.batch_execute("VACUUM ANALYZE").await?;
     settle(&client).await;
-    Ok(Seeded { jobs, items })
+    Ok(Seeded { jobs, owners, items })
 }
 
 async fn copy_rows<'a>(

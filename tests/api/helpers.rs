@@ -19,7 +19,7 @@ const TEMPLATE_LOCK: i64 = 0x7465_6d70_6c61_7465;
 
 /// The server that holds the test databases: DATABASE_URL, else (with the `containers` feature)
 /// a PostgreSQL container.
-async fn server_url() -> String {
+pub async fn server_url() -> String {
     if let Ok(url) = std::env::var("DATABASE_URL") {
         return url;
     }
@@ -69,7 +69,7 @@ pub async fn server_connection() -> tokio_postgres::Client {
     connect(&server_url().await.parse().expect("DATABASE_URL parses")).await
 }
 
-async fn connect(config: &tokio_postgres::Config) -> tokio_postgres::Client {
+pub async fn connect(config: &tokio_postgres::Config) -> tokio_postgres::Client {
     let (client, connection) = config.connect(NoTls).await.expect("connect to PostgreSQL");
     tokio::spawn(connection);
     client
