@@ -1,7 +1,6 @@
 //! API tests against a real PostgreSQL, one module per capability.
 
 mod batches;
-mod bench;
 mod concurrency;
 mod fairness;
 mod helpers;

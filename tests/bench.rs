@@ -1,12 +1,21 @@
 //! `fairway bench` end to end on a small matrix: every claim path runs without error on a seed
 //! with several jobs per user, tenants and components, and the broker's counters stay exact.
+//!
+//! A test binary of its own, on the API tests' harness: cargo runs test binaries one at a time,
+//! so the benchmark's load (checkpoints, vacuums, busy workers) does not run beside the API
+//! tests, some of which judge how evenly work was shared.
 
 use clap::Parser;
 use fairway::broker::sql::CHECK_CONSISTENCY;
 use fairway::config::{Cli, Command};
 use serde_json::Value;
 
-use crate::helpers::{connect, server_url};
+// Only the connection helpers are used here.
+#[allow(dead_code)]
+#[path = "api/helpers.rs"]
+mod helpers;
+
+use helpers::{connect, server_url};
 
 #[tokio::test]
 async fn every_path_runs_on_a_seed_of_several_jobs_per_user_and_counters_stay_exact() {
@@ -30,6 +39,9 @@ async fn every_path_runs_on_a_seed_of_several_jobs_per_user_and_counters_stay_ex
         "600",
         "--duration",
         "1s",
+        // Enough to run every path.
+        "--workers",
+        "4",
         "--paths",
         "fair,fifo,harmony_least_running,harmony_round_robin,http",
         "--wakeup-trials",
