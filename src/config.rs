@@ -168,7 +168,8 @@ pub struct BenchArgs {
     pub vacuum: VacuumArgs,
 
     /// Numbers of users to measure at (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "10,1000,10000")]
+    #[arg(long, value_delimiter = ',', default_value = "10,1000,10000",
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub users: Vec<u32>,
 
     /// Ready backlogs to measure at (comma-separated).

@@ -294,7 +294,7 @@ async fn run_path(
     Ok(Run {
         path: path_name(path),
         users,
-        jobs: users * partitions.jobs_per_user,
+        jobs: seeded.jobs.len(),
         tenants: partitions.tenants,
         components: partitions.components,
         backlog,
