@@ -17,42 +17,52 @@ mod helpers;
 
 use helpers::{connect, server_url};
 
+/// Every run recreates the one database `fairway bench` measures in: one run at a time.
+static BENCH_DATABASE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Runs `fairway bench` with `flags` against the test server.
+async fn bench(url: &str, flags: &[&str]) {
+    let command = ["fairway", "bench", "--database-url", url];
+    let cli = Cli::parse_from(command.iter().chain(flags));
+    let Command::Bench(args) = cli.command else { panic!("parsed as bench") };
+    fairway::bench::run(args).await.expect("every path ran without error");
+}
+
 #[tokio::test]
 async fn every_path_runs_on_a_seed_of_several_jobs_per_user_and_counters_stay_exact() {
+    let _only = BENCH_DATABASE.lock().await;
     let url = server_url().await;
     let dir = std::env::temp_dir().join(format!("fairway-bench-test-{}", std::process::id()));
     let json = dir.join("results.json");
-    let cli = Cli::parse_from([
-        "fairway",
-        "bench",
-        "--database-url",
+    bench(
         &url,
-        "--users",
-        "4",
-        "--jobs-per-user",
-        "3",
-        "--tenants",
-        "2",
-        "--components",
-        "2",
-        "--backlog",
-        "600",
-        "--duration",
-        "1s",
-        // Enough to run every path.
-        "--workers",
-        "4",
-        "--paths",
-        "fair,fifo,harmony_least_running,harmony_round_robin,http",
-        "--wakeup-trials",
-        "0",
-        "--competing-tenants",
-        "0",
-        "--json",
-        json.to_str().expect("a UTF-8 path"),
-    ]);
-    let Command::Bench(args) = cli.command else { panic!("parsed as bench") };
-    fairway::bench::run(args).await.expect("every path ran without error");
+        &[
+            "--users",
+            "4",
+            "--jobs-per-user",
+            "3",
+            "--tenants",
+            "2",
+            "--components",
+            "2",
+            "--backlog",
+            "600",
+            "--duration",
+            "1s",
+            // Enough to run every path.
+            "--workers",
+            "4",
+            "--paths",
+            "fair,fifo,harmony_least_running,harmony_round_robin,http",
+            "--wakeup-trials",
+            "0",
+            "--competing-tenants",
+            "0",
+            "--json",
+            json.to_str().expect("a UTF-8 path"),
+        ],
+    )
+    .await;
 
     let report: Value =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("results")).expect("JSON");
@@ -70,5 +80,39 @@ async fn every_path_runs_on_a_seed_of_several_jobs_per_user_and_counters_stay_ex
     let db = connect(&config).await;
     let mismatches = db.query(CHECK_CONSISTENCY, &[]).await.expect("recount");
     assert!(mismatches.is_empty(), "{} counters drifted", mismatches.len());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A backlog too small to have a half ends its path after one pass that hands out nothing,
+/// rather than going over it again for ever.
+#[tokio::test]
+async fn a_backlog_too_small_to_halve_ends_the_run() {
+    let _only = BENCH_DATABASE.lock().await;
+    let url = server_url().await;
+    let dir = std::env::temp_dir().join(format!("fairway-bench-tiny-{}", std::process::id()));
+    let json = dir.join("results.json");
+    let flags = [
+        "--users",
+        "1",
+        "--backlog",
+        "1",
+        "--duration",
+        "1s",
+        "--paths",
+        "fair",
+        "--wakeup-trials",
+        "0",
+        "--competing-tenants",
+        "0",
+        "--json",
+        json.to_str().expect("a UTF-8 path"),
+    ];
+    // Generous: the run takes a few seconds; before the fix it never ended.
+    tokio::time::timeout(std::time::Duration::from_secs(120), bench(&url, &flags))
+        .await
+        .expect("the run ended");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("results")).expect("JSON");
+    assert_eq!(report["runs"][0]["path"], "fair");
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -261,9 +261,10 @@ async fn run_path(
     let mut waiting = still_waiting(&measured.per_user, &seeded.items);
     // A small backlog is half handed out in a couple of seconds, too short a run to measure on
     // a shared machine: the path goes over it again, from the seeded state each time, until it
-    // has run for `duration` in all.
+    // has run for `duration` in all. A pass that hands out nothing (a backlog too small to have
+    // a half) ends it: passes would otherwise repeat without measuring anything.
     let mut pass_claims = measured.claims;
-    while pass_claims >= limits.cap && measured.elapsed < args.duration {
+    while pass_claims > 0 && pass_claims >= limits.cap && measured.elapsed < args.duration {
         seed::reset(pool).await?;
         let pass =
             paths::measure(runner.clone(), seeded.clone(), args.workers, limits, args.max).await;
