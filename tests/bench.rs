@@ -20,52 +20,46 @@ use helpers::{connect, server_url};
 /// Every run recreates the one database `fairway bench` measures in: one run at a time.
 static BENCH_DATABASE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Runs `fairway bench` with `flags` against the test server.
-async fn bench(url: &str, flags: &[&str]) {
-    let command = ["fairway", "bench", "--database-url", url];
-    let cli = Cli::parse_from(command.iter().chain(flags));
+/// Runs `fairway bench` with `flags` against the test server, for 1 s a path, without the
+/// wake-up and competing-tenants runs, and returns what it wrote.
+/// Callers hold BENCH_DATABASE.
+async fn bench(flags: &[&str]) -> Value {
+    let url = server_url().await;
+    let dir = std::env::temp_dir().join(format!("fairway-bench-{}", uuid::Uuid::new_v4()));
+    let json = dir.join("results.json");
+    let path = json.to_str().expect("a UTF-8 path");
+    let common = ["fairway", "bench", "--database-url", &url, "--json", path, "--duration", "1s"];
+    let rest = ["--wakeup-trials", "0", "--competing-tenants", "0"];
+    let cli = Cli::parse_from(common.iter().chain(&rest).chain(flags));
     let Command::Bench(args) = cli.command else { panic!("parsed as bench") };
     fairway::bench::run(args).await.expect("every path ran without error");
+    let text = std::fs::read_to_string(&json).expect("results");
+    let _ = std::fs::remove_dir_all(dir);
+    serde_json::from_str(&text).expect("JSON")
 }
 
 #[tokio::test]
 async fn every_path_runs_on_a_seed_of_several_jobs_per_user_and_counters_stay_exact() {
+    // Held through the recount below, which reads the database the run left.
     let _only = BENCH_DATABASE.lock().await;
-    let url = server_url().await;
-    let dir = std::env::temp_dir().join(format!("fairway-bench-test-{}", std::process::id()));
-    let json = dir.join("results.json");
-    bench(
-        &url,
-        &[
-            "--users",
-            "4",
-            "--jobs-per-user",
-            "3",
-            "--tenants",
-            "2",
-            "--components",
-            "2",
-            "--backlog",
-            "600",
-            "--duration",
-            "1s",
-            // Enough to run every path.
-            "--workers",
-            "4",
-            "--paths",
-            "fair,fifo,harmony_least_running,harmony_round_robin,http",
-            "--wakeup-trials",
-            "0",
-            "--competing-tenants",
-            "0",
-            "--json",
-            json.to_str().expect("a UTF-8 path"),
-        ],
-    )
+    let report = bench(&[
+        "--users",
+        "4",
+        "--jobs-per-user",
+        "3",
+        "--tenants",
+        "2",
+        "--components",
+        "2",
+        "--backlog",
+        "600",
+        // Enough to run every path.
+        "--workers",
+        "4",
+        "--paths",
+        "fair,fifo,harmony_least_running,harmony_round_robin,http",
+    ])
     .await;
-
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("results")).expect("JSON");
     let runs = report["runs"].as_array().expect("runs");
     let paths: Vec<&str> = runs.iter().filter_map(|run| run["path"].as_str()).collect();
     assert_eq!(paths, ["fair", "fifo", "harmony_least_running", "harmony_round_robin", "http"]);
@@ -75,12 +69,12 @@ async fn every_path_runs_on_a_seed_of_several_jobs_per_user_and_counters_stay_ex
     }
 
     // The last path, over HTTP, keeps the broker's counters: a recount finds nothing to mend.
-    let mut config: tokio_postgres::Config = url.parse().expect("DATABASE_URL parses");
+    let mut config: tokio_postgres::Config =
+        server_url().await.parse().expect("DATABASE_URL parses");
     config.dbname("fairway_bench");
     let db = connect(&config).await;
     let mismatches = db.query(CHECK_CONSISTENCY, &[]).await.expect("recount");
     assert!(mismatches.is_empty(), "{} counters drifted", mismatches.len());
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A backlog too small to have a half ends its path after one pass that hands out nothing,
@@ -88,31 +82,10 @@ async fn every_path_runs_on_a_seed_of_several_jobs_per_user_and_counters_stay_ex
 #[tokio::test]
 async fn a_backlog_too_small_to_halve_ends_the_run() {
     let _only = BENCH_DATABASE.lock().await;
-    let url = server_url().await;
-    let dir = std::env::temp_dir().join(format!("fairway-bench-tiny-{}", std::process::id()));
-    let json = dir.join("results.json");
-    let flags = [
-        "--users",
-        "1",
-        "--backlog",
-        "1",
-        "--duration",
-        "1s",
-        "--paths",
-        "fair",
-        "--wakeup-trials",
-        "0",
-        "--competing-tenants",
-        "0",
-        "--json",
-        json.to_str().expect("a UTF-8 path"),
-    ];
+    let flags = ["--users", "1", "--backlog", "1", "--paths", "fair"];
     // Generous: the run takes a few seconds; before the fix it never ended.
-    tokio::time::timeout(std::time::Duration::from_secs(120), bench(&url, &flags))
+    let report = tokio::time::timeout(std::time::Duration::from_secs(120), bench(&flags))
         .await
         .expect("the run ended");
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("results")).expect("JSON");
     assert_eq!(report["runs"][0]["path"], "fair");
-    let _ = std::fs::remove_dir_all(dir);
 }
