@@ -1,4 +1,3 @@
 -- A transaction's tenant_queues changes, last and in key order: services $1, components $2,
--- tenants $3, running deltas $4, activations $5. Described with the function, in
--- migrations/V2__tenants_components_queriers.sql.
+-- tenants $3, running deltas $4, activations $5. See sql/functions/apply_tenant_deltas.sql.
 SELECT apply_tenant_deltas($1, $2, $3, $4, $5);

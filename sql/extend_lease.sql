@@ -4,6 +4,7 @@ UPDATE work_items
        updated_at = now()
  WHERE id = $1
    AND attempt = $2
-   -- Running, spelled so that only the primary key can find the item (see V3).
+   -- Running, spelled so that only the primary key can find the item (see
+   -- work_items_running_means_leased).
    AND lease_expires_at IS NOT NULL
 RETURNING id;

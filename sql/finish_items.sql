@@ -1,8 +1,7 @@
 -- Ends the attempts of a batch: ending i records status $3[i] for attempt $2[i] of running item
 -- $1[i], with results $4[i], error $5[i] and next component $6[i]; with $7 only where the lease
 -- has expired; with $8 waiting for owners' rows other transactions hold, else leaving those
--- endings untouched and answering them `deferred` (V8, V9). Described with the function, in
--- migrations/V3__leases_and_claim_batches.sql; V7 moves each counter row once per batch.
+-- endings untouched and answering them `deferred`. See sql/functions/finish_items.sql.
 SELECT ending, job_id, step_index, component, results_component, querier_leaving, fans_out,
        may_aggregate, service, tenant, became_claimable, tenant_applied,
        job_open_items, deferred

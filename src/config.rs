@@ -67,8 +67,8 @@ pub struct ServeArgs {
 pub struct VacuumArgs {
     /// How often the broker vacuums the small tables that hold the fair order. Every claim and
     /// completion rewrites their rows, and the dead index entries pile up at the head of the
-    /// order, where each claim starts reading; autovacuum comes by at most once a minute by
-    /// default (docs/benchmarks.md). 0s: leave them to autovacuum.
+    /// order, where each claim starts reading; autovacuum may come by only once a minute.
+    /// 0s: leave them to autovacuum.
     #[arg(long, env = "FAIRWAY_VACUUM_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
     pub vacuum_interval: Duration,
 }
@@ -78,16 +78,15 @@ pub struct VacuumArgs {
 #[derive(Debug, Clone, Copy, Args)]
 pub struct BatchArgs {
     /// How many claim transactions, and how many transactions ending attempts, run at once;
-    /// requests that arrive meanwhile queue and go together in the next one. One of each was
-    /// fastest on two cores (docs/benchmarks.md): more claim lanes race for the head of the
-    /// same fair order.
+    /// requests that arrive meanwhile queue and go together in the next one. More claim lanes
+    /// race each other for the head of the same fair order.
     #[arg(long, env = "FAIRWAY_BATCH_LANES", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub batch_lanes: u16,
 
-    /// Most requests one such transaction serves. Smaller batches than there are workers let
-    /// a claim transaction and an ending transaction run side by side, on different workers'
-    /// requests; 8 to 16 did best with 32 workers on two cores (docs/benchmarks.md).
+    /// Most requests one such transaction serves. Batches smaller than the number of workers
+    /// let a claim transaction and an ending transaction run side by side, on different
+    /// workers' requests.
     #[arg(long, env = "FAIRWAY_BATCH_MAX", default_value_t = 12,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub batch_max: u16,

@@ -6,8 +6,8 @@
 //! tests, some of which judge how evenly work was shared.
 
 use clap::Parser;
-use fairway::broker::sql::CHECK_CONSISTENCY;
 use fairway::config::{Cli, Command};
+use fairway::db::sql::CHECK_CONSISTENCY;
 use serde_json::Value;
 
 // Only the connection helpers are used here.

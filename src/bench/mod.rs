@@ -7,6 +7,7 @@ mod seed;
 mod stats;
 mod wakeup;
 
+use crate::db::sql::BENCH_BASELINE_INDEXES;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -216,7 +217,7 @@ async fn run_path(
     );
     if baseline {
         let client = pool.get().await?;
-        client.batch_execute(include_str!("../../sql/bench/baseline_indexes.sql")).await?;
+        client.batch_execute(BENCH_BASELINE_INDEXES).await?;
         client.batch_execute("ANALYZE work_items").await?;
     }
     let mut server = None;

@@ -12,20 +12,13 @@ use uuid::Uuid;
 use super::seed::{Seeded, SERVICE};
 use super::BenchError;
 use crate::broker::model::{ClaimRequest, QuerierName, ServiceName, StatusUpdate, WorkItemId};
-use crate::broker::sql::{self, Params};
 use crate::broker::Broker;
 use crate::config::BenchPath;
-
-const FIFO_CLAIM: &str = include_str!("../../sql/bench/fifo_claim.sql");
-const FIFO_COMPLETE: &str = include_str!("../../sql/bench/fifo_complete.sql");
-const HARMONY_LEAST_RUNNING_USER: &str =
-    include_str!("../../sql/bench/harmony_least_running_user.sql");
-const HARMONY_LEAST_RUNNING_JOB: &str =
-    include_str!("../../sql/bench/harmony_least_running_job.sql");
-const HARMONY_ROUND_ROBIN_JOB: &str = include_str!("../../sql/bench/harmony_round_robin_job.sql");
-const HARMONY_CLAIM_ITEM: &str = include_str!("../../sql/bench/harmony_claim_item.sql");
-const HARMONY_COUNT_CLAIM: &str = include_str!("../../sql/bench/harmony_count_claim.sql");
-const HARMONY_COUNT_COMPLETION: &str = include_str!("../../sql/bench/harmony_count_completion.sql");
+use crate::db::sql::{
+    self, Params, BENCH_FIFO_CLAIM, BENCH_FIFO_COMPLETE, BENCH_HARMONY_CLAIM_ITEM,
+    BENCH_HARMONY_COUNT_CLAIM, BENCH_HARMONY_COUNT_COMPLETION, BENCH_HARMONY_LEAST_RUNNING_JOB,
+    BENCH_HARMONY_LEAST_RUNNING_USER, BENCH_HARMONY_ROUND_ROBIN_JOB,
+};
 
 /// An item a worker holds.
 pub struct Claimed {
@@ -65,7 +58,7 @@ impl Runner {
             Self::Sql { pool, path: BenchPath::Fifo } => {
                 let client = pool.get().await?;
                 let limit = max as i64;
-                let rows = sql::query(&client, FIFO_CLAIM, &[&limit]).await?;
+                let rows = sql::query(&client, BENCH_FIFO_CLAIM, &[&limit]).await?;
                 rows.iter()
                     .map(|row| {
                         Ok(Claimed { id: row.try_get(0)?, job: row.try_get(1)?, attempt: 1 })
@@ -108,13 +101,13 @@ impl Runner {
             }
             Self::Sql { pool, path: BenchPath::Fifo } => {
                 let client = pool.get().await?;
-                sql::execute(&client, FIFO_COMPLETE, &[&item.id]).await?;
+                sql::execute(&client, BENCH_FIFO_COMPLETE, &[&item.id]).await?;
             }
             Self::Sql { pool, .. } => {
                 let mut client = pool.get().await?;
                 let tx = client.transaction().await?;
-                sql::execute(&tx, FIFO_COMPLETE, &[&item.id]).await?;
-                sql::execute(&tx, HARMONY_COUNT_COMPLETION, &[&item.job, &SERVICE]).await?;
+                sql::execute(&tx, BENCH_FIFO_COMPLETE, &[&item.id]).await?;
+                sql::execute(&tx, BENCH_HARMONY_COUNT_COMPLETION, &[&item.job, &SERVICE]).await?;
                 tx.commit().await?;
             }
             Self::Http { client, base } => {
@@ -144,8 +137,10 @@ async fn harmony_claim(
     let mut claimed = Vec::with_capacity(max);
     for _ in 0..max {
         let Some(job) = harmony_choose_job(&tx, path).await? else { break };
-        let Some(row) = sql::query_opt(&tx, HARMONY_CLAIM_ITEM, &[&job]).await? else { break };
-        sql::execute(&tx, HARMONY_COUNT_CLAIM, &[&job, &SERVICE]).await?;
+        let Some(row) = sql::query_opt(&tx, BENCH_HARMONY_CLAIM_ITEM, &[&job]).await? else {
+            break;
+        };
+        sql::execute(&tx, BENCH_HARMONY_COUNT_CLAIM, &[&job, &SERVICE]).await?;
         claimed.push(Claimed { id: row.try_get(0)?, job, attempt: 1 });
     }
     tx.commit().await?;
@@ -158,14 +153,14 @@ async fn harmony_choose_job(
 ) -> Result<Option<Uuid>, BenchError> {
     let params: Params = &[&SERVICE];
     if path == BenchPath::HarmonyRoundRobin {
-        let row = sql::query_opt(tx, HARMONY_ROUND_ROBIN_JOB, params).await?;
+        let row = sql::query_opt(tx, BENCH_HARMONY_ROUND_ROBIN_JOB, params).await?;
         return Ok(row.map(|row| row.try_get(0)).transpose()?);
     }
-    let Some(user) = sql::query_opt(tx, HARMONY_LEAST_RUNNING_USER, params).await? else {
+    let Some(user) = sql::query_opt(tx, BENCH_HARMONY_LEAST_RUNNING_USER, params).await? else {
         return Ok(None);
     };
     let username: String = user.try_get(0)?;
-    let row = sql::query_opt(tx, HARMONY_LEAST_RUNNING_JOB, &[&username, &SERVICE]).await?;
+    let row = sql::query_opt(tx, BENCH_HARMONY_LEAST_RUNNING_JOB, &[&username, &SERVICE]).await?;
     Ok(row.map(|row| row.try_get(0)).transpose()?)
 }
 

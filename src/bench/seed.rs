@@ -1,5 +1,6 @@
 //! Seeds the benchmark database in bulk, and resets it between claim paths.
 
+use crate::db::sql::{BENCH_HARMONY_SCHEMA, BENCH_RESET_ITEMS, BENCH_SEED_COUNTERS};
 use std::collections::BTreeSet;
 
 use deadpool_postgres::Pool;
@@ -13,10 +14,6 @@ use super::BenchError;
 
 /// The service every seeded item belongs to.
 pub const SERVICE: &str = "bench";
-
-const HARMONY_SCHEMA: &str = include_str!("../../sql/bench/harmony_schema.sql");
-const SEED_COUNTERS: &str = include_str!("../../sql/bench/seed_counters.sql");
-const RESET_ITEMS: &str = include_str!("../../sql/bench/reset_items.sql");
 
 /// What was seeded: jobs, sorted, and whose user each one is.
 pub struct Seeded {
@@ -80,7 +77,7 @@ pub async fn seed(
     partitions: Partitions,
 ) -> Result<Seeded, BenchError> {
     let client = pool.get().await?;
-    client.batch_execute(HARMONY_SCHEMA).await?;
+    client.batch_execute(BENCH_HARMONY_SCHEMA).await?;
     // Sorted, so that lookups are a binary search; job j belongs to user j mod users.
     let job_count = users * partitions.jobs_per_user;
     let mut jobs: Vec<Uuid> = (0..job_count).map(|_| Uuid::new_v4()).collect();
@@ -184,7 +181,7 @@ pub async fn seed(
             .map(|job| vec![&jobs[job] as &(dyn ToSql + Sync), &0_i32, &components[job], &payload]),
     )
     .await?;
-    client.batch_execute(SEED_COUNTERS).await?;
+    client.batch_execute(BENCH_SEED_COUNTERS).await?;
     client.batch_execute("VACUUM ANALYZE").await?;
     settle(&client).await;
     Ok(Seeded { jobs, owners, items })
@@ -209,8 +206,8 @@ async fn copy_rows<'a>(
 /// Returns the database to its seeded state: every seeded item ready, every counter idle.
 pub async fn reset(pool: &Pool) -> Result<(), BenchError> {
     let client = pool.get().await?;
-    client.batch_execute(RESET_ITEMS).await?;
-    client.batch_execute(SEED_COUNTERS).await?;
+    client.batch_execute(BENCH_RESET_ITEMS).await?;
+    client.batch_execute(BENCH_SEED_COUNTERS).await?;
     client.batch_execute("VACUUM ANALYZE").await?;
     settle(&client).await;
     Ok(())

@@ -1,6 +1,7 @@
-use super::model::{JobId, Mismatch, UserWorkRow};
-use super::sql::{self, CHECK_CONSISTENCY, LIST_USER_WORK};
+use super::model::{Mismatch, UserWorkRow};
+use super::rows;
 use super::{Broker, BrokerError};
+use crate::db::sql::{self, CHECK_CONSISTENCY, LIST_USER_WORK};
 
 impl Broker {
     /// Rows of the user_work table, optionally for one service and one user.
@@ -14,22 +15,7 @@ impl Broker {
         sql::query(&client, LIST_USER_WORK, &[&service, &user, &limit])
             .await?
             .iter()
-            .map(|row| {
-                Ok(UserWorkRow {
-                    user: row.try_get("username")?,
-                    tenant: row.try_get("tenant")?,
-                    actor: row.try_get("actor")?,
-                    job_id: JobId(row.try_get("job_id")?),
-                    step: row.try_get("step_index")?,
-                    service: row.try_get("service")?,
-                    component: row.try_get("component")?,
-                    is_async: row.try_get("is_async")?,
-                    paused: row.try_get("paused")?,
-                    ready_count: row.try_get("ready_count")?,
-                    running_count: row.try_get("running_count")?,
-                    last_worked: row.try_get("last_worked")?,
-                })
-            })
+            .map(rows::user_work_row)
             .collect()
     }
 
@@ -45,15 +31,6 @@ impl Broker {
             .await?;
         let rows = sql::query(&tx, CHECK_CONSISTENCY, &[]).await?;
         tx.commit().await?;
-        rows.iter()
-            .map(|row| {
-                Ok(Mismatch {
-                    table: row.try_get("table_name")?,
-                    key: row.try_get("row_key")?,
-                    recorded: row.try_get("recorded")?,
-                    actual: row.try_get("actual")?,
-                })
-            })
-            .collect()
+        rows.iter().map(rows::mismatch).collect()
     }
 }

@@ -2,12 +2,12 @@ use std::pin::pin;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tokio_postgres::Row;
 
-use super::batch::answer_each;
-use super::model::{ClaimRequest, JobId, WorkItem, WorkItemId};
-use super::sql::{self, CLAIM_ITEMS, HAS_CLAIMABLE_WORK, VACUUM_FAIR_ORDER};
+use super::batch::{answer_each, batch_index};
+use super::model::{ClaimRequest, WorkItem};
+use super::rows;
 use super::{Broker, BrokerError};
+use crate::db::sql::{self, CLAIM_ITEMS, HAS_CLAIMABLE_WORK, VACUUM_FAIR_ORDER};
 
 /// How long a claim that found every user with work busy waits for a release signalled in
 /// this process before it looks again anyway (other brokers' releases are not signalled here).
@@ -56,16 +56,11 @@ impl Broker {
 
     /// One look, made together with the looks of other workers that arrive meanwhile.
     async fn look_for_work(&self, request: &ClaimRequest) -> Result<Look, BrokerError> {
-        let broker = self.clone();
-        let run = move |requests: Vec<ClaimRequest>| {
-            let broker = broker.clone();
-            async move { broker.look_in_batch(requests).await }
-        };
-        self.claims.submit(request.clone(), run).await.unwrap_or(Err(BrokerError::BatchLost))
+        self.in_batch(&self.claims, request.clone(), Self::look_in_batch).await
     }
 
     /// Looks for work for every request of a batch in one transaction.
-    async fn look_in_batch(&self, requests: Vec<ClaimRequest>) -> Vec<Result<Look, BrokerError>> {
+    async fn look_in_batch(self, requests: Vec<ClaimRequest>) -> Vec<Result<Look, BrokerError>> {
         answer_each(&requests, |batch| self.claim_batch(batch)).await
     }
 
@@ -88,13 +83,10 @@ impl Broker {
         let claimed = sql::query(&client, CLAIM_ITEMS, params).await?;
         self.claims_committed.notify_waiters();
         for row in claimed {
-            let request = usize::try_from(row.try_get::<_, i32>("request")? - 1)
-                .ok()
-                .filter(|index| *index < requests.len())
-                .ok_or(BrokerError::BatchLost)?;
+            let request = batch_index(&row, "request", requests.len())?;
             states[request] = row.try_get("querier_state")?;
             if row.try_get::<_, Option<i64>>("id")?.is_some() {
-                items[request].push(work_item(&row, services[request])?);
+                items[request].push(rows::work_item(&row, services[request])?);
             }
         }
         let mut looks = Vec::with_capacity(requests.len());
@@ -109,13 +101,11 @@ impl Broker {
                 Some(_) => {
                     let params: sql::Params =
                         &[&request.service.as_str(), &request.querier.as_str()];
-                    sql::query_opt(&client, HAS_CLAIMABLE_WORK, params).await.map(|work| {
-                        if work.is_some() {
-                            Look::Contended
-                        } else {
-                            Look::Nothing
-                        }
-                    })
+                    match sql::query_opt(&client, HAS_CLAIMABLE_WORK, params).await {
+                        Ok(Some(_)) => Ok(Look::Contended),
+                        Ok(None) => Ok(Look::Nothing),
+                        Err(error) => Err(error.into()),
+                    }
                 }
             });
         }
@@ -163,21 +153,4 @@ impl Broker {
         client.batch_execute(VACUUM_FAIR_ORDER).await?;
         Ok(())
     }
-}
-
-fn work_item(row: &Row, service: &str) -> Result<WorkItem, BrokerError> {
-    Ok(WorkItem {
-        id: WorkItemId(row.try_get("id")?),
-        job_id: JobId(row.try_get("job_id")?),
-        service: service.to_owned(),
-        step: row.try_get("step_index")?,
-        user: row.try_get("username")?,
-        tenant: row.try_get("tenant")?,
-        actor: row.try_get("actor")?,
-        component: row.try_get("component")?,
-        payload: row.try_get("payload")?,
-        inputs: row.try_get("inputs")?,
-        attempt: row.try_get("attempt")?,
-        lease_expires_at: row.try_get("lease_expires_at")?,
-    })
 }

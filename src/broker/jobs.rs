@@ -2,20 +2,17 @@ use std::collections::BTreeMap;
 
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
-use tokio_postgres::Row;
 use uuid::Uuid;
 
-use super::model::{
-    progress, reject_nul, ComponentName, JobDocument, JobId, JobStatus, NewItem, NewJob,
-    StepDocument,
-};
-use super::sql::{
+use super::model::{reject_nul, ComponentName, JobDocument, JobId, JobStatus, NewItem, NewJob};
+use super::rows;
+use super::{Broker, BrokerError};
+use crate::db::sql::{
     self, APPLY_STEP_DELTAS, APPLY_TENANT_DELTAS, CANCEL_JOB_ITEMS, COUNT_OUTSTANDING,
     CREATE_STEP_QUEUES, CREATE_TENANT, CREATE_USER, GET_JOB, GET_JOB_STEPS,
     INSERT_FIRST_STEP_ITEMS, INSERT_JOB, INSERT_JOB_STEPS, LOCK_JOB_OWNER, LOCK_TENANT_LIMIT,
     LOCK_USER, NOTIFY_WORK_READY, SET_JOB_PAUSED, SET_JOB_STATUS,
 };
-use super::{Broker, BrokerError};
 
 /// Changes to a job step's item counts, applied with `apply_step_deltas.sql`.
 #[derive(Debug, Default, Clone, Copy)]
@@ -343,38 +340,7 @@ pub(super) async fn read_job(
     let steps = sql::query(client, GET_JOB_STEPS, &[&job_id.0])
         .await?
         .iter()
-        .map(step_document)
+        .map(rows::step_document)
         .collect::<Result<Vec<_>, _>>()?;
-    let status = JobStatus::from_db(job.try_get("status")?)?;
-    Ok(JobDocument {
-        job_id,
-        user: job.try_get("username")?,
-        tenant: job.try_get("tenant")?,
-        actor: job.try_get("actor")?,
-        is_async: job.try_get("is_async")?,
-        status,
-        progress: progress(status, &steps),
-        steps,
-        created_at: job.try_get("created_at")?,
-        updated_at: job.try_get("updated_at")?,
-    })
-}
-
-fn step_document(row: &Row) -> Result<StepDocument, BrokerError> {
-    let ready: i32 = row.try_get("ready_count")?;
-    let running: i32 = row.try_get("running_count")?;
-    let successful: i32 = row.try_get("successful_count")?;
-    let failed: i32 = row.try_get("failed_count")?;
-    let canceled: i32 = row.try_get("canceled_count")?;
-    Ok(StepDocument {
-        service: row.try_get("service")?,
-        aggregate: row.try_get("aggregate")?,
-        components: row.try_get("components")?,
-        total: [ready, running, successful, failed, canceled].iter().map(|&n| i64::from(n)).sum(),
-        ready,
-        running,
-        successful,
-        failed,
-        canceled,
-    })
+    rows::job_document(job_id, &job, steps)
 }

@@ -8,12 +8,13 @@ use deadpool_postgres::GenericClient;
 use serde::Serialize;
 
 use super::model::{QuerierName, TenantName};
-use super::sql::{
+use super::rows;
+use super::{Broker, BrokerError};
+use crate::db::sql::{
     self, JOIN_QUERIER, LIST_QUERIERS, LIST_TENANTS, LOCK_IDLE_TENANT_QUEUES, LOCK_MEMBERSHIP,
     RECOUNT_TENANT_RUNNING, RESHARD_TENANTS, RETIRE_QUERIERS, RETIRE_TENANT_QUEUES,
     SHUT_DOWN_QUERIER, TOUCH_QUERIER, UPSERT_TENANT,
 };
-use super::{Broker, BrokerError};
 
 /// A tenant's limits as an operator sets them.
 #[derive(Debug, Clone, Copy)]
@@ -76,7 +77,7 @@ impl Broker {
         let every = (self.settings.querier_forget_delay / 4)
             .min(Duration::from_secs(1))
             .max(Duration::from_millis(10));
-        i64::try_from(every.as_millis()).unwrap_or(i64::MAX)
+        sql::millis(every)
     }
 
     /// A querier announced its shutdown: its further work requests get 410, and it leaves its
@@ -99,7 +100,7 @@ impl Broker {
     }
 
     fn forget_after_millis(&self) -> i64 {
-        i64::try_from(self.settings.querier_forget_delay.as_millis()).unwrap_or(i64::MAX)
+        sql::millis(self.settings.querier_forget_delay)
     }
 
     /// Sets a tenant's limits (creating it) and redraws the shards.
@@ -138,17 +139,7 @@ impl Broker {
         sql::query(&client, LIST_QUERIERS, &[&disconnected_after])
             .await?
             .iter()
-            .map(|row| {
-                Ok(QuerierDocument {
-                    querier: row.try_get("querier")?,
-                    state: row.try_get("state")?,
-                    in_shards: row.try_get("in_shards")?,
-                    joined_at: row.try_get("joined_at")?,
-                    last_request_at: row.try_get("last_seen")?,
-                    leases: row.try_get("leases")?,
-                    tenants: row.try_get("tenants")?,
-                })
-            })
+            .map(rows::querier_document)
             .collect()
     }
 
@@ -207,20 +198,5 @@ async fn read_tenants(
     client: &impl GenericClient,
     tenant: Option<&str>,
 ) -> Result<Vec<TenantDocument>, BrokerError> {
-    sql::query(client, LIST_TENANTS, &[&tenant])
-        .await?
-        .iter()
-        .map(|row| {
-            Ok(TenantDocument {
-                tenant: row.try_get("tenant")?,
-                max_queriers: row.try_get("max_queriers")?,
-                max_outstanding: row.try_get("max_outstanding")?,
-                sharded: row.try_get("sharded")?,
-                outstanding: row.try_get("outstanding")?,
-                queriers: row.try_get("queriers")?,
-                created_at: row.try_get("created_at")?,
-                updated_at: row.try_get("updated_at")?,
-            })
-        })
-        .collect()
+    sql::query(client, LIST_TENANTS, &[&tenant]).await?.iter().map(rows::tenant_document).collect()
 }

@@ -9,15 +9,17 @@ mod jobs;
 pub mod membership;
 pub mod model;
 mod outcome;
+mod rows;
 mod signals;
-pub mod sql;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
 use tokio::sync::Notify;
 
+use crate::db::sql;
 use batch::Batches;
 use claim::Look;
 pub use error::BrokerError;
@@ -67,7 +69,25 @@ impl Broker {
     }
 
     fn lease_millis(&self) -> i64 {
-        i64::try_from(self.settings.lease.as_millis()).unwrap_or(i64::MAX)
+        sql::millis(self.settings.lease)
+    }
+
+    /// Queues `request` in `batches` and waits for its answer; whichever lane is free serves
+    /// the batch with `run`, given this broker.
+    async fn in_batch<R, T, Fut>(
+        &self,
+        batches: &Batches<R, Result<T, BrokerError>>,
+        request: R,
+        run: fn(Broker, Vec<R>) -> Fut,
+    ) -> Result<T, BrokerError>
+    where
+        R: Send + 'static,
+        T: Send + 'static,
+        Fut: Future<Output = Vec<Result<T, BrokerError>>> + Send + 'static,
+    {
+        let broker = self.clone();
+        let run = move |batch: Vec<R>| run(broker.clone(), batch);
+        batches.submit(request, run).await.unwrap_or(Err(BrokerError::BatchLost))
     }
 
     /// How many workers of each service this broker holds in a long poll right now.

@@ -6,14 +6,14 @@ use serde_json::Value;
 use tokio_postgres::types::Json;
 use tokio_postgres::Row;
 
-use super::batch::answer_each;
+use super::batch::{answer_each, batch_index};
 use super::jobs::{apply_step_deltas, create_step_queues, StepDeltas, TenantDeltas, TenantRow};
 use super::model::{reject_nul, ComponentName, ItemStatus, JobId, StatusUpdate, WorkItemId};
-use super::sql::{
+use super::{Broker, BrokerError};
+use crate::db::sql::{
     self, DESCRIBE_ITEM, EXTEND_LEASE, FIND_EXPIRED_LEASES, FINISH_ITEMS, INSERT_AGGREGATE_ITEM,
     INSERT_NEXT_STEP_ITEMS, PLAN_AGGREGATE_ITEM, REFRESH_JOB_STATUS,
 };
-use super::{Broker, BrokerError};
 
 /// How an attempt ended, as recorded on the item.
 #[derive(Clone)]
@@ -38,9 +38,9 @@ struct Recorded<'a> {
 }
 
 /// How many times an ending goes back to the queue because another transaction held its
-/// owner's row, before it waits for that row in a transaction of its own. At 10 users a claim
-/// batch holds most of them most of the time; 3 sent too many endings to wait alone, each a
-/// transaction more (docs/benchmarks.md).
+/// owner's row, before it waits for that row in a transaction of its own. With few users a
+/// claim batch holds most of them most of the time, and each ending that waits alone costs a
+/// transaction of its own.
 const DEFERRALS: usize = 10;
 
 /// Longest a deferred ending waits for a claim batch of this broker to commit before it goes
@@ -51,8 +51,7 @@ const DEFERRAL_PAUSE: Duration = Duration::from_millis(5);
 pub(super) enum Answer {
     /// Applied: the item's status now.
     Applied(ItemStatus),
-    /// Another transaction held the owner's row: nothing changed; send it again (V8, and V9
-    /// answers it as such).
+    /// Another transaction held the owner's row: nothing changed; send it again.
     Deferred,
 }
 
@@ -104,11 +103,6 @@ impl Broker {
                 Ending::Failed { error, retryable }
             }
         };
-        let broker = self.clone();
-        let run = move |endings: Vec<AttemptEnding>| {
-            let broker = broker.clone();
-            async move { broker.end_in_batch(endings).await }
-        };
         let ending = AttemptEnding { id, attempt, ending };
         // A batch does not wait for an owner's row another transaction holds (a claim batch,
         // mostly); the ending goes again with a later batch, and after a few tries alone.
@@ -117,8 +111,7 @@ impl Broker {
             // counts.
             let mut claims_committed = pin!(self.claims_committed.notified());
             claims_committed.as_mut().enable();
-            let answer = self.endings.submit(ending.clone(), run.clone()).await;
-            match answer.unwrap_or(Err(BrokerError::BatchLost))? {
+            match self.in_batch(&self.endings, ending.clone(), Self::end_in_batch).await? {
                 Answer::Applied(status) => return Ok(status),
                 // Going again at once would find the row still held, as often as not: go once
                 // this broker's claim batch has let go of its rows, or after a pause when the
@@ -146,7 +139,7 @@ impl Broker {
     }
 
     /// Ends the attempts of a batch in one transaction.
-    async fn end_in_batch(&self, endings: Vec<AttemptEnding>) -> Vec<Result<Answer, BrokerError>> {
+    async fn end_in_batch(self, endings: Vec<AttemptEnding>) -> Vec<Result<Answer, BrokerError>> {
         answer_each(&endings, |batch| self.end_batch(batch, LeaseCondition::Any, Owners::SkipHeld))
             .await
     }
@@ -174,8 +167,8 @@ impl Broker {
     }
 
     /// finish_items locks the owners' users rows first, in the one order all transactions use
-    /// (with `Owners::SkipHeld` only those free now, V8), then ends the attempts and moves their
-    /// counters (V7); then the workflows grow; the tenant rows come last, in key order (see V2).
+    /// (with `Owners::SkipHeld` only those free now), then ends the attempts and moves each
+    /// counter row once; then the workflows grow; the tenant rows come last, in key order.
     /// Answers each ending: its item's status, deferred, or why it did not apply.
     ///
     /// BEGIN and the endings go to the server together, in one round trip, and the
@@ -265,10 +258,7 @@ impl Broker {
         let mut released = Vec::with_capacity(finished.len());
         let mut maybe_done = Vec::new();
         for row in finished {
-            let index = usize::try_from(row.try_get::<_, i32>("ending")? - 1)
-                .ok()
-                .filter(|index| *index < endings.len())
-                .ok_or(BrokerError::BatchLost)?;
+            let index = batch_index(row, "ending", endings.len())?;
             if row.try_get("deferred")? {
                 outcomes[index] = Some(Ok(Answer::Deferred));
                 continue;

@@ -26,8 +26,7 @@ pub fn connect(config: tokio_postgres::Config, size: usize) -> Result<Pool, DbEr
         .max_size(size)
         // The connection used last is handed out first: the broker's batches then keep going
         // to the same few backends, whose caches are warm, rather than cycling through all of
-        // them. Measured at 1.3 to 1.4 times the claims per second of first-in-first-out
-        // (docs/benchmarks.md).
+        // them.
         .queue_mode(QueueMode::Lifo)
         .runtime(Runtime::Tokio1)
         .wait_timeout(Some(CONNECTION_WAIT))

@@ -6,7 +6,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use fairway::broker::sql;
+use fairway::db::sql;
 
 use crate::helpers::{spawn_app, TestApp};
 
@@ -114,10 +114,9 @@ async fn a_failed_ending_transaction_is_rolled_back_and_the_others_apply() {
     app.assert_consistent().await;
 }
 
-/// A batch of endings does not wait for an owner's row that another transaction holds (V8):
-/// the ending goes again in a later batch and finally waits alone, its item untouched
-/// meanwhile, while the other owners' endings apply. Before V8 it waited inside the batch, and
-/// every ending behind it in the queue waited too.
+/// A batch of endings does not wait for an owner's row that another transaction holds: the
+/// ending goes again in a later batch and finally waits alone, its item untouched meanwhile,
+/// while the other owners' endings apply, rather than hold up every ending queued behind it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ending_whose_owner_is_held_holds_up_no_other_ending() {
     let app = spawn_app().await;

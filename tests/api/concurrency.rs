@@ -168,8 +168,8 @@ fn every_way(item: &Value) -> Value {
     }
 }
 
-/// Endings go to the database in batches that move each counter row once for the whole batch
-/// (V7). Every kind of ending at once, from 16 workers on two brokers, over jobs with actor
+/// Endings go to the database in batches that move each counter row once for the whole
+/// batch. Every kind of ending at once, from 16 workers on two brokers, over jobs with actor
 /// paths and with a second step their results fan out into: every counter still equals a
 /// recount, and every job ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

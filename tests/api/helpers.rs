@@ -75,23 +75,9 @@ pub async fn connect(config: &tokio_postgres::Config) -> tokio_postgres::Client 
     client
 }
 
-/// A name for the template that changes whenever a migration does.
+/// A name for the template that changes whenever the schema does (a migration or a function).
 fn template_name() -> String {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations");
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .expect("migrations directory")
-        .map(|entry| entry.expect("migration entry").path())
-        .collect();
-    files.sort();
-    // FNV-1a over names and contents: stable across processes, unlike std's hasher.
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for file in files {
-        let bytes = std::fs::read(&file).expect("read migration");
-        for byte in file.file_name().expect("file name").as_encoded_bytes().iter().chain(&bytes) {
-            hash = (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("fairway_template_{hash:016x}")
+    format!("fairway_template_{}", &fairway::db::migrations::digest()[..16])
 }
 
 async fn template(url: &str) -> &'static str {
@@ -127,13 +113,22 @@ async fn template(url: &str) -> &'static str {
 pub async fn fresh_database() -> tokio_postgres::Config {
     let url = server_url().await;
     let template = template(&url).await;
+    create_database(&url, &format!("TEMPLATE \"{template}\"")).await
+}
+
+/// Creates a database with no schema at all and returns its connection config.
+pub async fn empty_database() -> tokio_postgres::Config {
+    create_database(&server_url().await, "").await
+}
+
+async fn create_database(url: &str, options: &str) -> tokio_postgres::Config {
     let name = format!("fairway_test_{}", Uuid::new_v4().simple());
     let admin = connect(&url.parse().expect("DATABASE_URL parses")).await;
     admin
-        .batch_execute(&format!("CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""))
+        .batch_execute(&format!("CREATE DATABASE \"{name}\" {options}"))
         .await
         .expect("create test database");
-    with_dbname(&url, &name)
+    with_dbname(url, &name)
 }
 
 /// Broker settings a test may change before spawning.
@@ -292,7 +287,7 @@ impl TestApp {
 
     /// `fingerprint`, blind to the tenant rows' running counts only: a tenant alone in its
     /// component keeps that count as a hint, which the reaper recounts in the background and
-    /// may briefly write stale (see tenant_queues in V2). Tests with the reaper at work compare
+    /// may briefly write stale (see tenant_queues in the schema). Tests with the reaper at work compare
     /// everything else.
     pub async fn fingerprint_apart_from_tenant_hints(&self) -> String {
         self.digest("(t.service, t.component, t.tenant, t.active, t.last_worked)").await

@@ -8,6 +8,7 @@ mod leases;
 mod lifecycle;
 mod longpoll;
 mod plans;
+mod schema;
 mod tenants;
 mod validation;
 mod workflow;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use fairway::broker::sql;
+use fairway::db::sql;
 
 use crate::helpers::{default_args, fresh_database, spawn_app_with};
 
@@ -100,7 +100,7 @@ fn assert_index_probes(name: &str, plan: &Value) {
         let sorts_small_input = node["Plans"].as_array().is_some_and(|inputs| {
             inputs.iter().all(|input| {
                 // Rows that come from no table: the arrays a function was given, and the rows a
-                // batch's own updates returned (V7's endings), read from its CTEs.
+                // batch's own updates returned (a batch of endings), read from its CTEs.
                 nodes(input).iter().all(|below| below["Relation Name"].is_null())
                     || input["Index Name"] == "work_items_leases"
                     || (input["Node Type"] == "Bitmap Heap Scan"
@@ -157,7 +157,7 @@ async fn connect_with_notices(
 }
 
 /// Ends the attempt `attempt` of item `item` successfully, as a batch of one that waits for
-/// its owner's row: the reaper's way, and an ending's after its deferrals (V8). The batches
+/// its owner's row: the reaper's way, and an ending's after its deferrals. The batches
 /// that skip held owners are pinned by `finish_running`.
 fn finish(item: i64, attempt: i32) -> String {
     format!(
@@ -268,7 +268,7 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
             assert_index_probes(&format!("{text} ({mode})"), plan);
             indexes.extend(nodes(plan).iter().filter_map(|node| node["Index Name"].as_str()));
             // A step's next item is read from its ready_from on, not over the dead entries of
-            // the items claimed before it (V6).
+            // the items claimed before it.
             bounded_item_probe |= nodes(plan).iter().any(|node| {
                 node["Index Name"] == "work_items_ready"
                     && node["Index Cond"].as_str().is_some_and(|cond| cond.contains("id >="))

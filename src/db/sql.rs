@@ -1,11 +1,12 @@
-//! The broker's SQL, one named file per statement under `sql/`, and thin helpers that run them
-//! as cached prepared statements.
+//! Every statement the code runs, one named file each under `sql/` (the benchmark's baselines
+//! under `sql/bench/`), and the thin helpers that run them as cached prepared statements. The
+//! server functions those statements call live in `sql/functions/` (see `functions.rs`).
+
+use std::time::Duration;
 
 use deadpool_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::Row;
-
-use super::error::BrokerError;
+use tokio_postgres::{Error, Row};
 
 macro_rules! statements {
     ($($name:ident = $file:literal;)*) => {
@@ -60,6 +61,19 @@ statements! {
     TOUCH_QUERIER = "touch_querier";
     UPSERT_TENANT = "upsert_tenant";
     VACUUM_FAIR_ORDER = "vacuum_fair_order";
+
+    BENCH_BASELINE_INDEXES = "bench/baseline_indexes";
+    BENCH_FIFO_CLAIM = "bench/fifo_claim";
+    BENCH_FIFO_COMPLETE = "bench/fifo_complete";
+    BENCH_HARMONY_CLAIM_ITEM = "bench/harmony_claim_item";
+    BENCH_HARMONY_COUNT_CLAIM = "bench/harmony_count_claim";
+    BENCH_HARMONY_COUNT_COMPLETION = "bench/harmony_count_completion";
+    BENCH_HARMONY_LEAST_RUNNING_JOB = "bench/harmony_least_running_job";
+    BENCH_HARMONY_LEAST_RUNNING_USER = "bench/harmony_least_running_user";
+    BENCH_HARMONY_ROUND_ROBIN_JOB = "bench/harmony_round_robin_job";
+    BENCH_HARMONY_SCHEMA = "bench/harmony_schema";
+    BENCH_RESET_ITEMS = "bench/reset_items";
+    BENCH_SEED_COUNTERS = "bench/seed_counters";
 }
 
 pub type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
@@ -68,34 +82,39 @@ pub async fn query(
     client: &impl GenericClient,
     sql: &str,
     params: Params<'_>,
-) -> Result<Vec<Row>, BrokerError> {
+) -> Result<Vec<Row>, Error> {
     let statement = client.prepare_cached(sql).await?;
-    Ok(client.query(&statement, params).await?)
+    client.query(&statement, params).await
 }
 
 pub async fn query_opt(
     client: &impl GenericClient,
     sql: &str,
     params: Params<'_>,
-) -> Result<Option<Row>, BrokerError> {
+) -> Result<Option<Row>, Error> {
     let statement = client.prepare_cached(sql).await?;
-    Ok(client.query_opt(&statement, params).await?)
+    client.query_opt(&statement, params).await
 }
 
 pub async fn query_one(
     client: &impl GenericClient,
     sql: &str,
     params: Params<'_>,
-) -> Result<Row, BrokerError> {
+) -> Result<Row, Error> {
     let statement = client.prepare_cached(sql).await?;
-    Ok(client.query_one(&statement, params).await?)
+    client.query_one(&statement, params).await
 }
 
 pub async fn execute(
     client: &impl GenericClient,
     sql: &str,
     params: Params<'_>,
-) -> Result<u64, BrokerError> {
+) -> Result<u64, Error> {
     let statement = client.prepare_cached(sql).await?;
-    Ok(client.execute(&statement, params).await?)
+    client.execute(&statement, params).await
+}
+
+/// A duration as the whole milliseconds statements take it in (bigint), saturating.
+pub fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }

@@ -1,14 +1,26 @@
--- A batch of attempt endings moves each counter row once, in a few statements for the whole
--- batch, instead of running V3's per-ending statements (the item's update, then
--- apply_step_deltas' four updates) once per ending.
+-- finish_items: ends a batch of attempts in one statement. Ending i records status
+-- p_statuses[i] ('successful', 'failed', or 'ready' for a retry) for attempt p_attempts[i] of
+-- running item p_ids[i], with results p_results[i], error p_errors[i], and p_next_components[i]
+-- the component its results go on to (NULL: its own). With p_expired_only an ending applies
+-- only if the lease has expired (the reaper's case). Each counter row the batch touches moves
+-- once, by the batch's summed deltas; a service whose user's work became claimable is woken.
 --
--- Endings hold their owners' users rows from their first statement to their commit, and a claim
--- passes over a held user. With few users a batch of endings holds most of them, so the shorter
--- the endings' transaction, the more of the order the claims find free. At 10 users, 9.5
--- endings took 2.1 ms of statements, six to eight per ending.
+-- Answer: a row per ending that applied (`ending` says which; in no particular order), with
+-- what the workflow needs next: whether the ending fans out to the next step or may complete
+-- an aggregate's inputs, and whether the tenant's row is already up to date (changed here, or
+-- a change that would change nothing); otherwise the caller applies the tenant deltas last.
+-- An ending whose owner another transaction held comes back with `deferred` and nothing else:
+-- its item still runs under that attempt, and the broker sends it again. A stale attempt, an
+-- item that is not running, or no such item gives no row.
 --
--- Same arguments, result and answers as V3's finish_items: a row per ending that applied (in no
--- particular order; `ending` says which).
+-- Locks: the owners' users rows first, in username order. With p_wait_for_owners it waits for
+-- each (the reaper, and an ending the broker has sent back many times, so that none is put off
+-- for ever); without, it takes only the free ones (SKIP LOCKED), so that a batch never holds
+-- some users' rows while it waits for others', which claims would then pass over. Then the
+-- items and counter rows; the tenant rows are left to the caller, last. Runs from generic
+-- plans: every statement is a primary-key probe per item or owner whatever the arguments,
+-- and planning each call anew would cost more than running it.
+
 CREATE OR REPLACE FUNCTION finish_items(
     p_ids bigint[],
     p_attempts integer[],
@@ -16,7 +28,8 @@ CREATE OR REPLACE FUNCTION finish_items(
     p_results jsonb[],
     p_errors text[],
     p_next_components text[],
-    p_expired_only boolean
+    p_expired_only boolean,
+    p_wait_for_owners boolean
 )
 RETURNS TABLE (
     ending integer,
@@ -31,29 +44,48 @@ RETURNS TABLE (
     tenant text,
     became_claimable boolean,
     tenant_applied boolean,
-    job_open_items integer
+    job_open_items integer,
+    deferred boolean
 )
 LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 AS $finish$
 #variable_conflict use_column
 DECLARE
     v_alone boolean := cardinality(p_ids) = 1;
     v_ended record;
     v_rivals boolean;
+    -- The owners of the batch's items, and those of them this transaction holds.
+    v_wanted text[];
+    v_owners text[];
 BEGIN
-    -- The lock order (V1): every owner's users row first, in username order, waiting. The
-    -- statements below take fresh snapshots, so they read each item as the last transaction
-    -- that held its owner left it.
-    PERFORM 1
-       FROM users u
-      WHERE u.username IN (
-                SELECT j.username
-                  FROM work_items wi
-                  JOIN jobs j ON j.job_id = wi.job_id
-                 WHERE wi.id = ANY(p_ids)
-            )
-      ORDER BY u.username
-        FOR NO KEY UPDATE;
+    -- The owners' users rows first (the lock order): all of them, waiting, or only those
+    -- free now. The statements below take fresh snapshots, so they read each item as the last
+    -- transaction that held its owner left it.
+    v_wanted := ARRAY(SELECT (SELECT j.username FROM jobs j WHERE j.job_id = wi.job_id)
+                        FROM work_items wi
+                       WHERE wi.id = ANY(p_ids));
+    IF p_wait_for_owners THEN
+        SELECT coalesce(array_agg(held.username), '{}')
+          INTO v_owners
+          FROM (SELECT DISTINCT w.username
+                  FROM unnest(v_wanted) AS w(username)
+                 ORDER BY w.username) w
+         CROSS JOIN LATERAL (SELECT u.username
+                               FROM users u
+                              WHERE u.username = w.username
+                                FOR NO KEY UPDATE) held;
+    ELSE
+        SELECT coalesce(array_agg(held.username), '{}')
+          INTO v_owners
+          FROM (SELECT DISTINCT w.username
+                  FROM unnest(v_wanted) AS w(username)
+                 ORDER BY w.username) w
+         CROSS JOIN LATERAL (SELECT u.username
+                               FROM users u
+                              WHERE u.username = w.username
+                                FOR NO KEY UPDATE SKIP LOCKED) held;
+    END IF;
 
     -- Every item, then every counter row, each updated once with the sum of its deltas: a
     -- step's (user_work), its owner's (users, and the copies in every service_users row of the
@@ -74,9 +106,11 @@ BEGIN
               FROM requested r
              WHERE wi.id = r.id
                AND wi.attempt = r.attempt
-               -- Running, spelled so that only the primary key can find the item (see V3).
+               -- Running, spelled so that only the primary key can find the item (see
+               -- work_items_running_means_leased).
                AND wi.lease_expires_at IS NOT NULL
                AND (NOT p_expired_only OR wi.lease_expires_at <= now())
+               AND (SELECT j.username FROM jobs j WHERE j.job_id = wi.job_id) = ANY(v_owners)
             RETURNING r.i,
                       r.status,
                       wi.job_id,
@@ -210,7 +244,7 @@ BEGIN
         IF became_claimable THEN
             PERFORM pg_notify('fairway_work_ready', service);
         END IF;
-        -- The tenant's row (V2, V5): alone in its transaction and changing no other step, the
+        -- The tenant's row: alone in its transaction and changing no other step, the
         -- ending applies it here; otherwise the caller does, last, unless it would not change
         -- (a tenant alone in its component keeps no running count).
         v_rivals := tenant_has_rivals(service, component, tenant);
@@ -227,7 +261,22 @@ BEGIN
               FROM user_work uw
              WHERE uw.job_id = v_ended.job_id;
         END IF;
+        deferred := false;
         RETURN NEXT;
     END LOOP;
+
+    -- The endings left alone because another transaction held their owner: their items still
+    -- run under the attempts named.
+    IF NOT p_wait_for_owners THEN
+        RETURN QUERY
+            SELECT r.i::integer, NULL::uuid, NULL::integer, NULL::text, NULL::text,
+                   NULL::boolean, NULL::boolean, NULL::boolean, NULL::text, NULL::text,
+                   NULL::boolean, NULL::boolean, NULL::integer, true
+              FROM unnest(p_ids, p_attempts) WITH ORDINALITY AS r(id, attempt, i)
+              JOIN work_items wi ON wi.id = r.id
+             WHERE wi.attempt = r.attempt
+               AND wi.lease_expires_at IS NOT NULL
+               AND (SELECT j.username FROM jobs j WHERE j.job_id = wi.job_id) <> ALL (v_owners);
+    END IF;
 END;
 $finish$;

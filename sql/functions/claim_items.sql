@@ -1,43 +1,44 @@
--- Where a job step's ready items start, so that a claim does not walk over the ones claimed
--- before it.
+-- claim_items: the claim. Serves a batch of workers' requests in one transaction: request i
+-- asks for up to p_maxes[i] items of service p_services[i] for worker slot p_workers[i] of
+-- querier p_queriers[i], each leased for p_lease_ms. Items are chosen one at a time, in request
+-- order, each by the fair order as the counters the ones before it moved leave it. A function
+-- rather than one statement because the choice is a search with early exits: each level is a
+-- small index probe that runs only when the level above needs it, and the whole batch is still
+-- one round trip.
 --
--- A claim took the step's lowest ready item by reading work_items_ready from the start of the
--- step's range. Every item claimed leaves its entry there, dead, until VACUUM visits
--- work_items, and autovacuum does so only after a fifth of the table has changed. A big job's
--- claims therefore walked further with every item the job had handed out: after 1,826 claims
--- of one job (10 users × 1,000,000 items), finding its next item read 18 buffers and took
--- 0.22 ms, as long as the rest of the claim.
+-- The fair order (docs/design.md tells it at length):
+-- 1. Component: those with claimable work for the service (an active tenant queue), in name
+--    order, visited from the worker's slot modulo their number, wrapping, until one yields a
+--    user.
+-- 2. Tenant, within the component: active tenant_queues rows by work in progress, then least
+--    recently worked, leaving out tenants sharded to other queriers.
+-- 3. User, within the tenant: the first in service_users_fair_order (least work in progress
+--    over all services, then least recently worked) whose users row is free. SKIP LOCKED sends
+--    a concurrent claimer on to the next user, tenant or component instead of queueing.
+-- 4. Down the user's actor tree: a node's best child actor goes before the node's own jobs when
+--    it has less work in progress, or as much and was worked less recently (never worked counts
+--    as longest ago). Skipped when none of the user's ready work is under an actor.
+-- 5. The node's best job step (synchronous first, then least recently worked), then the step's
+--    lowest ready item of the component, read from the step's ready_from.
+-- 6. The item is leased, and user_work, users, service_users and actor_queues move in this same
+--    transaction; the tenant's row too while other tenants compete for the component.
+-- The membership check, the querier's touch and the list of components are made once per
+-- (service, querier) in the batch, not per item.
 --
--- user_work.ready_from is a lower bound of the step's ready ids: a claim starts reading there
--- and moves it up to the item it took. An item that becomes ready again (a retry, an expired
--- lease) moves it back down (trigger below). New items have greater ids than any claimed
--- before them, with one exception: items of one step inserted by two transactions at once,
--- where the one that commits second may hold the lower ids. Such an item, or one whose claim
--- rolled back after a later item's claim moved the bound past it, is found once nothing at or
--- above the bound is free: a claim that finds nothing there reads the step from its start.
--- Late, then, never lost.
-ALTER TABLE user_work ADD COLUMN ready_from bigint NOT NULL DEFAULT 0;
+-- Answer: a row per claimed item, tagged with its request's index (1-based). A request that got
+-- nothing has one row with id NULL and querier_state saying why: NULL, the querier is not a
+-- member yet (the broker has it join, then asks again); 'shutting_down'; 'active', nothing
+-- claimable was free (none exists, or every user with it is held by another transaction).
+--
+-- Locks, in the order every transaction keeps: the tenant rows with logged changes, folded
+-- first (fold_tenant_running_changes); then per item the user's users row (SKIP LOCKED), the
+-- item, the counter rows; the tenant's row last. A claim waits for a tenant row only when it
+-- sorts after every tenant row the transaction holds, the order apply_tenant_deltas takes them
+-- in, so that waits cannot form a cycle; otherwise it takes the row without waiting or passes
+-- the tenant over for the rest of the batch. A chosen user whose place in the order changed
+-- since the statement's snapshot, or whose last item went elsewhere in between, is looked for
+-- again at once, up to four times.
 
-CREATE FUNCTION lower_ready_from()
-RETURNS trigger
-LANGUAGE plpgsql
-AS $lower$
-BEGIN
-    UPDATE user_work uw
-       SET ready_from = NEW.id
-     WHERE (uw.job_id, uw.step_index, uw.component) = (NEW.job_id, NEW.step_index, NEW.component)
-       AND uw.ready_from > NEW.id;
-    RETURN NULL;
-END;
-$lower$;
-
-CREATE TRIGGER work_items_ready_again
-    AFTER UPDATE OF status ON work_items
-    FOR EACH ROW
-    WHEN (NEW.status = 'ready' AND OLD.status <> 'ready')
-    EXECUTE FUNCTION lower_ready_from();
-
--- V5's claim_items, reading each step's ready items from its ready_from.
 CREATE OR REPLACE FUNCTION claim_items(
     p_services text[],
     p_queriers text[],
@@ -170,7 +171,7 @@ BEGIN
         WHILE v_claimed < p_maxes[i] AND v_count > 0 LOOP
             <<looks>>
             FOR look IN 1 .. 4 LOOP
-                -- 2 and 3: tenant, then user, as in V2, with the user's own-jobs counts.
+                -- 2 and 3: tenant, then user, with the user's own-jobs counts.
                 FOR turn IN 0 .. v_count - 1 LOOP
                     v_component := v_components[1 + (v_worker + turn) % v_count];
                     SELECT best.username, tq.tenant, best.stale, best.ready_count,
@@ -212,7 +213,7 @@ BEGIN
                 EXIT items WHEN v_pick.username IS NULL;
                 CONTINUE looks WHEN v_pick.stale;
 
-                -- The tenant's row, kept while other tenants compete for the component (V2),
+                -- The tenant's row, kept while other tenants compete for the component,
                 -- is written after the item, and waited for then only when its key sorts after
                 -- every tenant row the transaction holds, the order in which everyone takes
                 -- them, so that waits cannot form a cycle. Otherwise it is locked now without
@@ -261,7 +262,7 @@ BEGIN
 
                 -- 5 and 6, in one statement: the node's best job step, its lowest ready item,
                 -- leased, and the counters moved with it (nothing moves if no item was free).
-                -- One instant for every row this claim touches, as in V2.
+                -- One instant for every row this claim touches.
                 v_at := clock_timestamp();
                 WITH step AS (
                     SELECT uw.job_id, uw.step_index, uw.ready_from,
