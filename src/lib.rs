@@ -2,6 +2,8 @@
 
 pub mod bench;
 pub mod broker;
+pub mod cli;
+pub mod client;
 pub mod config;
 pub mod db;
 pub mod http;

@@ -24,6 +24,13 @@ async fn main() -> ExitCode {
             Ok(code) => return ExitCode::from(u8::try_from(code).unwrap_or(1)),
             Err(error) => Err(error.to_string()),
         },
+        Command::Admin(args) => fairway::cli::admin(args).await.map_err(|error| error.to_string()),
+        Command::Submit(args) => {
+            fairway::cli::submit(args).await.map_err(|error| error.to_string())
+        }
+        Command::Worker(args) => {
+            fairway::cli::worker(args).await.map_err(|error| error.to_string())
+        }
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -279,7 +279,7 @@ impl NewJob {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JobStatus {
     Accepted,
@@ -326,7 +326,7 @@ impl JobStatus {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StepDocument {
     pub service: String,
     pub aggregate: bool,
@@ -346,7 +346,7 @@ impl StepDocument {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobDocument {
     pub job_id: JobId,
     pub user: String,
@@ -379,7 +379,7 @@ pub fn progress(status: JobStatus, steps: &[StepDocument]) -> u8 {
 }
 
 /// A work item as handed to a worker.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WorkItem {
     pub id: WorkItemId,
     pub job_id: JobId,
@@ -423,7 +423,7 @@ pub enum StatusUpdate {
 }
 
 /// An item's status after an update, as the worker is told.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ItemStatus {
     Ready,
@@ -446,7 +446,7 @@ impl ItemStatus {
 }
 
 /// A row of the user_work table, for operators.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct UserWorkRow {
     pub user: String,
     pub tenant: String,
@@ -463,7 +463,7 @@ pub struct UserWorkRow {
 }
 
 /// A counter that differs from a recount of what it counts.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Mismatch {
     pub table: String,
     pub key: Value,

@@ -1,6 +1,7 @@
 //! API tests against a real PostgreSQL, one module per capability.
 
 mod batches;
+mod cli;
 mod concurrency;
 mod fairness;
 mod helpers;

@@ -1,0 +1,224 @@
+//! The `fairway admin`, `fairway submit` and `fairway worker` commands, run as the built binary
+//! against a live broker.
+
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use fairway::config::ServeArgs;
+use serde_json::{json, Value};
+use tokio::process::{Child, Command};
+use uuid::Uuid;
+
+use crate::helpers::{default_args, spawn_app, spawn_app_with, TestApp};
+
+fn fairway(app: &TestApp) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_fairway"));
+    command.env("FAIRWAY_URL", &app.address).env_remove("FAIRWAY_TOKEN");
+    command
+}
+
+async fn run(app: &TestApp, args: &[&str]) -> Output {
+    fairway(app).args(args).output().await.expect("run fairway")
+}
+
+/// Runs a command that must succeed and returns its standard output.
+async fn succeed(app: &TestApp, args: &[&str]) -> String {
+    let output = run(app, args).await;
+    assert!(
+        output.status.success(),
+        "fairway {args:?}: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("UTF-8")
+}
+
+#[tokio::test]
+async fn admin_lists_what_the_api_serves_as_tables_and_as_json() {
+    let app = spawn_app().await;
+    app.submit_simple("alice", "subsetter", 3, false).await;
+
+    let table = succeed(&app, &["admin", "users", "--service", "subsetter"]).await;
+    assert!(table.contains("alice") && table.contains("subsetter"), "{table}");
+    let listed: Value =
+        serde_json::from_str(&succeed(&app, &["admin", "--json", "users"]).await).expect("JSON");
+    let served: Value = app.get("/admin/user-work").await.json().await.expect("JSON");
+    assert_eq!(listed, served["rows"], "--json prints the API's rows");
+    assert_eq!(listed[0]["ready_count"], 3);
+
+    succeed(&app, &["admin", "tenants", "set", "acme", "--max-queriers", "2"]).await;
+    let tenant = app.get("/admin/tenants/acme").await.json::<Value>().await.expect("JSON");
+    assert_eq!(tenant["max_queriers"], 2);
+    let tenants = succeed(&app, &["admin", "tenants"]).await;
+    assert!(tenants.contains("acme") && tenants.contains("default"), "{tenants}");
+
+    app.claim("subsetter").await.expect("an item");
+    let queriers = succeed(&app, &["admin", "queriers"]).await;
+    assert!(queriers.contains("pod-0") && queriers.contains("active"), "{queriers}");
+
+    let consistency = succeed(&app, &["admin", "consistency"]).await;
+    assert!(consistency.contains("consistent"), "{consistency}");
+}
+
+#[tokio::test]
+async fn admin_steers_jobs_and_says_the_apis_error_with_a_failing_exit() {
+    let app = spawn_app().await;
+    let job = app.submit_simple("bob", "svc", 2, true).await.to_string();
+
+    let shown = succeed(&app, &["admin", "jobs", "show", &job]).await;
+    assert!(shown.contains(&job) && shown.contains("accepted"), "{shown}");
+    succeed(&app, &["admin", "jobs", "pause", &job]).await;
+    assert_eq!(app.job(job.parse().expect("uuid")).await["status"], "paused");
+    succeed(&app, &["admin", "jobs", "resume", &job]).await;
+    let canceled: Value =
+        serde_json::from_str(&succeed(&app, &["admin", "--json", "jobs", "cancel", &job]).await)
+            .expect("JSON");
+    assert_eq!(canceled["status"], "canceled");
+
+    let unknown = Uuid::new_v4().to_string();
+    let output = run(&app, &["admin", "jobs", "show", &unknown]).await;
+    assert!(!output.status.success(), "an unknown job fails the command");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("job_not_found") && stderr.contains(&unknown), "{stderr}");
+}
+
+#[tokio::test]
+async fn submit_takes_a_job_from_flags_or_from_a_file() {
+    let app = spawn_app().await;
+    let job = succeed(
+        &app,
+        &[
+            "submit",
+            "--user",
+            "carol",
+            "--service",
+            "subsetter",
+            "--service",
+            "concat",
+            "--item",
+            r#"{"granule": "G1"}"#,
+            "--item",
+            r#"{"granule": "G2"}"#,
+            "--sync",
+        ],
+    )
+    .await;
+    let document = app.job(job.trim().parse().expect("the job id alone")).await;
+    assert_eq!(document["user"], "carol");
+    assert_eq!(document["is_async"], false);
+    assert_eq!(document["steps"][0]["total"], 2);
+    assert_eq!(document["steps"][1]["service"], "concat");
+
+    let file = std::env::temp_dir().join(format!("fairway-job-{}.json", Uuid::new_v4()));
+    let body = json!({"user": "dave", "steps": [{"service": "svc"}], "items": [{"payload": 7}]});
+    std::fs::write(&file, body.to_string()).expect("write the job");
+    let job = succeed(&app, &["submit", "--file", file.to_str().expect("path")]).await;
+    std::fs::remove_file(&file).ok();
+    assert_eq!(app.job(job.trim().parse().expect("job id")).await["user"], "dave");
+
+    let output = run(&app, &["submit", "--user", "erin", "--service", "svc", "--item", "{"]).await;
+    assert!(!output.status.success(), "a bad payload is refused before anything is sent");
+}
+
+/// Waits until `condition` holds of the job, or fails after `within`.
+async fn await_job(app: &TestApp, job: Uuid, within: Duration, condition: impl Fn(&Value) -> bool) {
+    let deadline = Instant::now() + within;
+    loop {
+        let document = app.job(job).await;
+        if condition(&document) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the job never got there: {document:#}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn worker(app: &TestApp, service: &str, extra: &[&str], script: &str) -> Child {
+    fairway(app)
+        .args(["worker", "--service", service, "--querier", "cli-pod", "--wait", "1s"])
+        .args(extra)
+        .args(["--", "sh", "-c", script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the worker")
+}
+
+/// Sends SIGTERM and waits for the process to exit by itself.
+async fn terminate(child: &mut Child) -> std::process::ExitStatus {
+    let pid = nix::unistd::Pid::from_raw(child.id().expect("running") as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("the worker exits after SIGTERM")
+        .expect("exit status")
+}
+
+#[tokio::test]
+async fn a_worker_runs_its_command_per_item_and_reports_the_results() {
+    let app = spawn_app().await;
+    let job = app.submit_simple("alice", "echo", 6, true).await;
+    // The one result is the item itself, as the command read it on standard input.
+    let script = r#"printf '[%s]' "$(cat)""#;
+    let mut child = worker(&app, "echo", &["--concurrency", "3"], script);
+    await_job(&app, job, Duration::from_secs(30), |job| job["status"] == "successful").await;
+    assert!(terminate(&mut child).await.success());
+
+    let rows = app
+        .db
+        .query("SELECT results, attempt FROM work_items WHERE job_id = $1 ORDER BY id", &[&job])
+        .await
+        .expect("items");
+    for (n, row) in rows.iter().enumerate() {
+        let results: Value = row.get(0);
+        assert_eq!(results[0]["payload"], json!({ "n": n }), "each item's own result");
+        assert_eq!(row.get::<_, i32>(1), 1, "done at the first attempt");
+    }
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn a_failing_command_fails_its_item_with_the_end_of_its_stderr() {
+    let args = ServeArgs { max_retries: 1, ..default_args() };
+    let app = spawn_app_with(args).await;
+    let job = app.submit_simple("alice", "broken", 1, true).await;
+    let mut child = worker(&app, "broken", &[], "cat > /dev/null; echo 'disk full' >&2; exit 3");
+    await_job(&app, job, Duration::from_secs(30), |job| job["status"] == "failed").await;
+    assert!(terminate(&mut child).await.success());
+    let row = app
+        .db
+        .query_one("SELECT error, attempt FROM work_items WHERE job_id = $1", &[&job])
+        .await
+        .expect("item");
+    let error: String = row.get(0);
+    assert!(error.contains("disk full") && error.contains("3"), "{error}");
+    assert_eq!(row.get::<_, i32>(1), 2, "a retryable failure, retried once");
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn sigterm_stops_taking_work_and_finishes_what_the_worker_holds() {
+    let args = ServeArgs { lease: Duration::from_secs(2), ..default_args() };
+    let app = spawn_app_with(args).await;
+    let job = app.submit_simple("alice", "slow", 2, true).await;
+    // Outlives the lease: only heartbeats keep the item this worker's.
+    let mut child = worker(&app, "slow", &["--heartbeat", "300ms"], "sleep 3; echo '[]'");
+    await_job(&app, job, Duration::from_secs(10), |job| job["steps"][0]["running"] == 1).await;
+    assert!(terminate(&mut child).await.success(), "the worker drains and exits cleanly");
+
+    let document = app.job(job).await;
+    assert_eq!(document["steps"][0]["successful"], 1, "the held item was finished: {document}");
+    assert_eq!(document["steps"][0]["ready"], 1, "no more work was taken: {document}");
+    let attempt: i32 = app
+        .db
+        .query_one(
+            "SELECT attempt FROM work_items WHERE job_id = $1 AND status = 'successful'",
+            &[&job],
+        )
+        .await
+        .expect("the finished item")
+        .get(0);
+    assert_eq!(attempt, 1, "heartbeats kept the lease past its 2 s");
+    app.assert_consistent().await;
+}
