@@ -4,6 +4,9 @@
 CARGO ?= cargo
 # The throwaway cluster `make test` starts when DATABASE_URL is not set.
 TEST_PG_DATA ?= target/test-postgres
+# Test-only Python tools (the OpenAPI validator and Schemathesis), kept out of the system.
+PYTOOLS := target/pytools
+PYTOOLS_READY := $(PYTOOLS)/.installed
 
 .PHONY: run test lint bench bench-quick
 
@@ -12,13 +15,20 @@ run:
 	$(CARGO) run --release -- serve
 
 ## Run every test against a real PostgreSQL: DATABASE_URL if set, else a throwaway cluster.
-test:
+test: export FAIRWAY_REQUIRE_TOOLS = 1
+test: $(PYTOOLS_READY)
 ifdef DATABASE_URL
 	$(CARGO) test --all-targets
 else
 	$(CARGO) build --bin fairway
 	./target/debug/fairway postgres --data-dir $(TEST_PG_DATA) --ephemeral -- $(CARGO) test --all-targets
 endif
+
+$(PYTOOLS_READY): Makefile
+	python3 -m venv $(PYTOOLS)
+	$(PYTOOLS)/bin/pip install --quiet --disable-pip-version-check \
+		schemathesis==4.32.5 openapi-spec-validator==0.9.0
+	touch $@
 
 ## Measure the broker beside its baselines (about 9 minutes on 2 cores); results in docs/bench/.
 bench:

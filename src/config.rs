@@ -208,6 +208,11 @@ pub struct ServeArgs {
     #[arg(long, env = "FAIRWAY_MAX_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_body_bytes: usize,
 
+    /// Longest the broker holds a long poll, whatever its `wait` asks (which may be up to 60 s).
+    /// Lower it below the idle timeout of any proxy between workers and the broker.
+    #[arg(long, env = "FAIRWAY_LONG_POLL_MAX", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub long_poll_max: Duration,
+
     #[command(flatten)]
     pub batches: BatchArgs,
 

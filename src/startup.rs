@@ -46,6 +46,7 @@ impl Application {
             querier_forget_delay: args.querier_forget_delay,
             batch_lanes: args.batches.batch_lanes.into(),
             batch_max: args.batches.batch_max.into(),
+            long_poll_max: args.long_poll_max,
         };
         let broker = Broker::new(pool, settings, signals.clone());
         let mut background = maintain(&broker, args);

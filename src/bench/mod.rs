@@ -196,6 +196,7 @@ fn serve_args(args: &BenchArgs) -> ServeArgs {
         reap_interval: Duration::from_secs(1),
         querier_forget_delay: Duration::from_secs(60),
         max_body_bytes: 1024 * 1024,
+        long_poll_max: Duration::from_secs(60),
         batches: args.batches,
         vacuum: args.vacuum,
     }
@@ -232,6 +233,7 @@ async fn run_path(
                     querier_forget_delay: Duration::from_secs(60),
                     batch_lanes: args.batches.batch_lanes.into(),
                     batch_max: args.batches.batch_max.into(),
+                    long_poll_max: Duration::from_secs(60),
                 },
                 WorkSignals::default(),
             );

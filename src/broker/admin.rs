@@ -1,7 +1,7 @@
-use super::model::{Mismatch, UserWorkRow};
+use super::model::{Mismatch, UserShare, UserWorkRow};
 use super::rows;
 use super::{Broker, BrokerError};
-use crate::db::sql::{self, CHECK_CONSISTENCY, LIST_USER_WORK};
+use crate::db::sql::{self, CHECK_CONSISTENCY, LIST_USER_SHARES, LIST_USER_WORK};
 
 impl Broker {
     /// Rows of the user_work table, optionally for one service and one user.
@@ -16,6 +16,21 @@ impl Broker {
             .await?
             .iter()
             .map(rows::user_work_row)
+            .collect()
+    }
+
+    /// The `limit` users with the most running items of `service`, with their ready items:
+    /// who shares the service's workers right now.
+    pub async fn user_shares(
+        &self,
+        service: &str,
+        limit: i64,
+    ) -> Result<Vec<UserShare>, BrokerError> {
+        let client = self.client().await?;
+        sql::query(&client, LIST_USER_SHARES, &[&service, &limit])
+            .await?
+            .iter()
+            .map(rows::user_share)
             .collect()
     }
 

@@ -119,7 +119,7 @@ impl Broker {
         request: &ClaimRequest,
         wait: Duration,
     ) -> Result<Vec<WorkItem>, BrokerError> {
-        let deadline = Instant::now() + wait;
+        let deadline = Instant::now() + wait.min(self.settings.long_poll_max);
         let signal = self.signals.for_service(request.service.as_str());
         loop {
             let mut notified = pin!(signal.notified());

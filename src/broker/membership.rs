@@ -6,6 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use super::model::{QuerierName, TenantName};
 use super::rows;
@@ -25,7 +26,7 @@ pub struct TenantLimits {
     pub max_outstanding: i32,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct TenantDocument {
     pub tenant: String,
     pub max_queriers: i32,
@@ -40,7 +41,7 @@ pub struct TenantDocument {
     pub updated_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct QuerierDocument {
     pub querier: String,
     /// `active`, `shutting_down`, or `disconnected` (no request for half the forget delay).

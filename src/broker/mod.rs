@@ -41,6 +41,8 @@ pub struct BrokerSettings {
     pub batch_lanes: usize,
     /// Most requests one such transaction serves.
     pub batch_max: usize,
+    /// Longest a long poll is held, whatever the request asks.
+    pub long_poll_max: Duration,
 }
 
 /// The broker: cheap to clone, shared by every request handler and background task.

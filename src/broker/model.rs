@@ -2,13 +2,15 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::Value;
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::error::BrokerError;
 
 /// A job's id, as producers see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(transparent)]
 pub struct JobId(pub Uuid);
 
@@ -19,7 +21,9 @@ impl std::fmt::Display for JobId {
 }
 
 /// A work item's id: the database identity, increasing in creation order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
+)]
 #[serde(transparent)]
 pub struct WorkItemId(pub i64);
 
@@ -279,7 +283,7 @@ impl NewJob {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum JobStatus {
     Accepted,
@@ -326,7 +330,7 @@ impl JobStatus {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct StepDocument {
     pub service: String,
     pub aggregate: bool,
@@ -346,7 +350,7 @@ impl StepDocument {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct JobDocument {
     pub job_id: JobId,
     pub user: String,
@@ -379,7 +383,7 @@ pub fn progress(status: JobStatus, steps: &[StepDocument]) -> u8 {
 }
 
 /// A work item as handed to a worker.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct WorkItem {
     pub id: WorkItemId,
     pub job_id: JobId,
@@ -389,8 +393,13 @@ pub struct WorkItem {
     pub tenant: String,
     pub actor: Vec<String>,
     pub component: String,
-    pub payload: Value,
-    pub inputs: Value,
+    /// Passed through as the database holds it, never parsed: any JSON that PostgreSQL
+    /// stored reaches the worker, even a number a parser would refuse.
+    #[schema(value_type = serde_json::Value)]
+    pub payload: Box<RawValue>,
+    /// The results this item was made from: a JSON array, passed through as `payload` is.
+    #[schema(value_type = Vec<serde_json::Value>)]
+    pub inputs: Box<RawValue>,
     pub attempt: i32,
     pub lease_expires_at: DateTime<Utc>,
 }
@@ -423,7 +432,7 @@ pub enum StatusUpdate {
 }
 
 /// An item's status after an update, as the worker is told.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ItemStatus {
     Ready,
@@ -446,7 +455,7 @@ impl ItemStatus {
 }
 
 /// A row of the user_work table, for operators.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct UserWorkRow {
     pub user: String,
     pub tenant: String,
@@ -462,8 +471,18 @@ pub struct UserWorkRow {
     pub last_worked: Option<DateTime<Utc>>,
 }
 
+/// One user's part of a service's work now.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct UserShare {
+    pub user: String,
+    /// Items of the service the user holds running.
+    pub running: i64,
+    /// Items of the service the user has waiting, claimable.
+    pub ready: i64,
+}
+
 /// A counter that differs from a recount of what it counts.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Mismatch {
     pub table: String,
     pub key: Value,

@@ -3,12 +3,14 @@
 //! and its decoding change together. Scalar answers (a count, a flag) are read where they are
 //! used.
 
+use serde_json::value::RawValue;
+use tokio_postgres::types::Json;
 use tokio_postgres::Row;
 
 use super::membership::{QuerierDocument, TenantDocument};
 use super::model::{
-    progress, JobDocument, JobId, JobStatus, Mismatch, StepDocument, UserWorkRow, WorkItem,
-    WorkItemId,
+    progress, JobDocument, JobId, JobStatus, Mismatch, StepDocument, UserShare, UserWorkRow,
+    WorkItem, WorkItemId,
 };
 use super::BrokerError;
 
@@ -23,8 +25,8 @@ pub fn work_item(row: &Row, service: &str) -> Result<WorkItem, BrokerError> {
         tenant: row.try_get("tenant")?,
         actor: row.try_get("actor")?,
         component: row.try_get("component")?,
-        payload: row.try_get("payload")?,
-        inputs: row.try_get("inputs")?,
+        payload: row.try_get::<_, Json<Box<RawValue>>>("payload")?.0,
+        inputs: row.try_get::<_, Json<Box<RawValue>>>("inputs")?.0,
         attempt: row.try_get("attempt")?,
         lease_expires_at: row.try_get("lease_expires_at")?,
     })
@@ -85,6 +87,15 @@ pub fn user_work_row(row: &Row) -> Result<UserWorkRow, BrokerError> {
         ready_count: row.try_get("ready_count")?,
         running_count: row.try_get("running_count")?,
         last_worked: row.try_get("last_worked")?,
+    })
+}
+
+/// A row of sql/list_user_shares.sql.
+pub fn user_share(row: &Row) -> Result<UserShare, BrokerError> {
+    Ok(UserShare {
+        user: row.try_get("username")?,
+        running: row.try_get("running")?,
+        ready: row.try_get("ready")?,
     })
 }
 

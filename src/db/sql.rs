@@ -42,6 +42,7 @@ statements! {
     JOIN_QUERIER = "join_querier";
     LIST_QUERIERS = "list_queriers";
     LIST_TENANTS = "list_tenants";
+    LIST_USER_SHARES = "list_user_shares";
     LIST_USER_WORK = "list_user_work";
     LOCK_IDLE_TENANT_QUEUES = "lock_idle_tenant_queues";
     LOCK_JOB_OWNER = "lock_job_owner";

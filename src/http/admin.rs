@@ -1,21 +1,26 @@
 //! What operators look at: the user_work table, the consistency check and health probes.
 
+use std::collections::BTreeMap;
+
 use actix_web::{web, HttpResponse};
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
 use super::endpoint;
-use super::error::ApiError;
-use crate::broker::membership::TenantLimits;
-use crate::broker::model::TenantName;
+use super::error::{ApiError, ErrorBody};
+use crate::broker::membership::{QuerierDocument, TenantDocument, TenantLimits};
+use crate::broker::model::{Mismatch, ServiceName, TenantName, UserShare, UserWorkRow};
 use crate::broker::Broker;
 
 const DEFAULT_ROWS: i64 = 1000;
 const MAX_ROWS: i64 = 10_000;
+const DEFAULT_SHARES: i64 = 10;
+const MAX_SHARES: i64 = 100;
 
 pub fn routes(config: &mut web::ServiceConfig) {
     config
         .service(endpoint("/admin/user-work").route(web::get().to(user_work)))
+        .service(endpoint("/admin/shares").route(web::get().to(shares)))
         .service(endpoint("/admin/consistency").route(web::get().to(consistency)))
         .service(endpoint("/admin/waiting-workers").route(web::get().to(waiting_workers)))
         .service(endpoint("/admin/queriers").route(web::get().to(queriers)))
@@ -29,14 +34,28 @@ pub fn routes(config: &mut web::ServiceConfig) {
         .service(endpoint("/readyz").route(web::get().to(readyz)));
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct UserWorkQuery {
+    /// Only this service's rows; empty: every service.
     service: Option<String>,
+    /// Only this user's rows; empty: every user.
     user: Option<String>,
+    /// Most rows (default 1,000).
+    #[param(minimum = 1, maximum = 10000)]
     limit: Option<i64>,
 }
 
+/// Rows of the user_work table.
+#[derive(Serialize, ToSchema)]
+pub struct UserWorkRows {
+    rows: Vec<UserWorkRow>,
+}
+
+/// Rows of the user_work table: who has work where, in user and service order.
+#[utoipa::path(get, path = "/admin/user-work", tag = "admin", params(UserWorkQuery),
+    responses((status = 200, description = "The rows.", body = UserWorkRows)))]
 async fn user_work(
     broker: web::Data<Broker>,
     query: web::Query<UserWorkQuery>,
@@ -49,7 +68,7 @@ async fn user_work(
         ));
     }
     let rows = broker.user_work(non_empty(&query.service), non_empty(&query.user), limit).await?;
-    Ok(HttpResponse::Ok().json(json!({ "rows": rows })))
+    Ok(HttpResponse::Ok().json(UserWorkRows { rows }))
 }
 
 /// An empty filter means no filter, so `?service=&user=` lists everything.
@@ -57,14 +76,79 @@ fn non_empty(value: &Option<String>) -> Option<&str> {
     value.as_deref().filter(|value| !value.is_empty())
 }
 
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct SharesQuery {
+    /// The service.
+    #[param(min_length = 1, max_length = 255, pattern = "^[A-Za-z0-9._:/@-]+$")]
+    service: String,
+    /// Most users (default 10).
+    #[param(minimum = 1, maximum = 100)]
+    limit: Option<i64>,
+}
+
+/// Who shares a service's workers now.
+#[derive(Serialize, ToSchema)]
+pub struct Shares {
+    service: String,
+    users: Vec<UserShare>,
+}
+
+/// The users with the most running items of a service, with their ready items: each one's
+/// share of the service's workers right now.
+#[utoipa::path(get, path = "/admin/shares", tag = "admin", params(SharesQuery),
+    responses((status = 200, description = "The users, most running first.", body = Shares)))]
+async fn shares(
+    broker: web::Data<Broker>,
+    query: web::Query<SharesQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let query = query.into_inner();
+    let service = ServiceName::parse(&query.service)?;
+    let limit = query.limit.unwrap_or(DEFAULT_SHARES);
+    if !(1..=MAX_SHARES).contains(&limit) {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            format!("limit must be between 1 and {MAX_SHARES}"),
+        ));
+    }
+    let users = broker.user_shares(service.as_str(), limit).await?;
+    Ok(HttpResponse::Ok().json(Shares { service: query.service, users }))
+}
+
+/// Every querier.
+#[derive(Serialize, ToSchema)]
+pub struct Queriers {
+    queriers: Vec<QuerierDocument>,
+}
+
+/// Every tenant.
+#[derive(Serialize, ToSchema)]
+pub struct Tenants {
+    tenants: Vec<TenantDocument>,
+}
+
+/// Each querier: state, last request, leases held, the sharded tenants it serves.
+#[utoipa::path(get, path = "/admin/queriers", tag = "admin",
+    responses((status = 200, description = "The queriers.", body = Queriers)))]
 async fn queriers(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(json!({ "queriers": broker.queriers().await? })))
+    Ok(HttpResponse::Ok().json(Queriers { queriers: broker.queriers().await? }))
 }
 
+/// Every tenant's limits, waiting items and the queriers that serve it now.
+#[utoipa::path(get, path = "/admin/tenants", tag = "admin",
+    responses((status = 200, description = "The tenants.", body = Tenants)))]
 async fn tenants(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(json!({ "tenants": broker.tenants().await? })))
+    Ok(HttpResponse::Ok().json(Tenants { tenants: broker.tenants().await? }))
 }
 
+/// One tenant's limits, waiting items and the queriers that serve it now.
+#[utoipa::path(get, path = "/admin/tenants/{tenant}", tag = "admin",
+    params(("tenant" = String, Path, description = "The tenant")),
+    responses(
+        (status = 200, description = "The tenant.", body = TenantDocument),
+        (status = 404, description = "No such tenant.", body = ErrorBody),
+))]
 async fn tenant(
     broker: web::Data<Broker>,
     path: web::Path<String>,
@@ -73,13 +157,22 @@ async fn tenant(
     Ok(HttpResponse::Ok().json(broker.tenant(&tenant).await?))
 }
 
-#[derive(Deserialize)]
+/// A tenant's limits.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct TenantBody {
+pub struct TenantBody {
+    /// Queriers that serve the tenant; 0: all of them.
+    #[schema(minimum = 0, maximum = 2147483647)]
     max_queriers: u32,
+    /// Most ready items the tenant may have waiting; 0: no limit.
+    #[schema(minimum = 0, maximum = 2147483647)]
     max_outstanding: u32,
 }
 
+/// Set a tenant's limits, creating it if needed; the shards are redrawn.
+#[utoipa::path(put, path = "/admin/tenants/{tenant}", tag = "admin", request_body = TenantBody,
+    params(("tenant" = String, Path, description = "The tenant")),
+    responses((status = 200, description = "The tenant as it is now.", body = TenantDocument)))]
 async fn set_tenant(
     broker: web::Data<Broker>,
     path: web::Path<String>,
@@ -98,24 +191,52 @@ async fn set_tenant(
     Ok(HttpResponse::Ok().json(broker.set_tenant(&tenant, limits).await?))
 }
 
+/// A recount of every counter from the work items.
+#[derive(Serialize, ToSchema)]
+pub struct Consistency {
+    consistent: bool,
+    mismatches: Vec<Mismatch>,
+}
+
+/// Recount every counter from the work items and report each difference.
+#[utoipa::path(get, path = "/admin/consistency", tag = "admin",
+    responses((status = 200, description = "The recount.", body = Consistency)))]
 async fn consistency(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
     let mismatches = broker.check_consistency().await?;
-    Ok(HttpResponse::Ok().json(json!({
-        "consistent": mismatches.is_empty(),
-        "mismatches": mismatches,
-    })))
+    Ok(HttpResponse::Ok().json(Consistency { consistent: mismatches.is_empty(), mismatches }))
+}
+
+/// Workers long-polling this broker process, per service.
+#[derive(Serialize, ToSchema)]
+pub struct WaitingWorkers {
+    services: BTreeMap<String, usize>,
 }
 
 /// Workers long-polling this broker process, per service: idle capacity.
+#[utoipa::path(get, path = "/admin/waiting-workers", tag = "admin",
+    responses((status = 200, description = "Per service.", body = WaitingWorkers)))]
 async fn waiting_workers(broker: web::Data<Broker>) -> HttpResponse {
-    HttpResponse::Ok().json(json!({ "services": broker.waiting_workers() }))
+    HttpResponse::Ok().json(WaitingWorkers { services: broker.waiting_workers() })
 }
 
+/// A probe's answer.
+#[derive(Serialize, ToSchema)]
+pub struct Health {
+    /// `ok` or `ready`.
+    status: &'static str,
+}
+
+/// The process is up.
+#[utoipa::path(get, path = "/healthz", tag = "probes",
+    responses((status = 200, description = "Up.", body = Health)))]
 async fn healthz() -> HttpResponse {
-    HttpResponse::Ok().json(json!({ "status": "ok" }))
+    HttpResponse::Ok().json(Health { status: "ok" })
 }
 
+/// The database answers.
+#[utoipa::path(get, path = "/readyz", tag = "probes",
+    responses((status = 200, description = "Ready to serve.", body = Health)))]
 async fn readyz(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
     broker.ping().await?;
-    Ok(HttpResponse::Ok().json(json!({ "status": "ready" })))
+    Ok(HttpResponse::Ok().json(Health { status: "ready" }))
 }

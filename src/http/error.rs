@@ -4,10 +4,25 @@
 use actix_web::error::{JsonPayloadError, PathError, QueryPayloadError};
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, ResponseError};
-use serde_json::json;
+use serde::Serialize;
 use thiserror::Error;
+use utoipa::ToSchema;
 
 use crate::broker::BrokerError;
+
+/// Every error answer's body.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable, snake_case: what to branch on.
+    code: &'static str,
+    /// For people.
+    message: String,
+}
 
 #[derive(Debug, Error)]
 pub enum ApiError {
@@ -80,7 +95,7 @@ impl ResponseError for ApiError {
             self.to_string()
         };
         HttpResponse::build(status)
-            .json(json!({ "error": { "code": self.code(), "message": message } }))
+            .json(ErrorBody { error: ErrorDetail { code: self.code(), message } })
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod admin;
 pub mod error;
+pub mod openapi;
 mod producers;
 mod workers;
 
@@ -40,6 +41,7 @@ pub fn configure(max_body_bytes: usize) -> impl FnOnce(&mut web::ServiceConfig) 
             .app_data(web::PathConfig::default().error_handler(path_error))
             .configure(producers::routes)
             .configure(workers::routes)
-            .configure(admin::routes);
+            .configure(admin::routes)
+            .configure(openapi::routes);
     }
 }

@@ -1,14 +1,16 @@
 //! Producers submit jobs and steer them.
 
 use actix_web::{web, HttpResponse};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::endpoint;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use crate::broker::model::{
-    ActorPath, ComponentName, JobId, NewItem, NewJob, ServiceName, StepSpec, TenantName, UserName,
+    ActorPath, ComponentName, JobDocument, JobId, JobStatus, NewItem, NewJob, ServiceName,
+    StepSpec, TenantName, UserName,
 };
 use crate::broker::Broker;
 
@@ -21,15 +23,25 @@ pub fn routes(config: &mut web::ServiceConfig) {
         .service(endpoint("/jobs/{job_id}/{action}").route(web::post().to(steer_job)));
 }
 
-#[derive(Deserialize)]
+/// A job to submit: a workflow of steps, and the first step's items.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct JobBody {
+pub struct JobBody {
+    /// Who the job is for: fairness is between users.
+    #[schema(min_length = 1, max_length = 255)]
     user: String,
+    /// Default `default`.
+    #[schema(min_length = 1, max_length = 255)]
     tenant: Option<String>,
+    /// Loki's actor path below the user, at most three names.
     #[serde(default)]
+    #[schema(max_items = 3)]
     actor: Vec<String>,
+    /// Synchronous jobs (false) go before the user's asynchronous ones.
     #[serde(default = "default_is_async")]
+    #[schema(default = true)]
     is_async: bool,
+    #[schema(min_items = 1)]
     steps: Vec<StepBody>,
     items: Vec<ItemBody>,
 }
@@ -38,19 +50,27 @@ fn default_is_async() -> bool {
     true
 }
 
-#[derive(Deserialize)]
+/// One step of the workflow.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct StepBody {
+pub struct StepBody {
+    /// Characters of `[A-Za-z0-9._:/@-]`.
+    #[schema(min_length = 1, max_length = 255, pattern = "^[A-Za-z0-9._:/@-]+$")]
     service: String,
+    /// One item whose inputs are every result of the step before, once it has finished.
     #[serde(default)]
     aggregate: bool,
 }
 
-#[derive(Deserialize)]
+/// A work item of the first step.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ItemBody {
+pub struct ItemBody {
+    /// Any JSON, handed to the worker as it is.
     #[serde(default)]
     payload: Value,
+    /// The query component the item needs; default `unknown`.
+    #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9_-]+$")]
     component: Option<String>,
 }
 
@@ -95,21 +115,44 @@ impl JobBody {
     }
 }
 
+/// The answer to a submission.
+#[derive(Serialize, ToSchema)]
+pub struct Submitted {
+    job_id: JobId,
+    /// Always `accepted`.
+    status: JobStatus,
+}
+
+/// Submit a job.
+#[utoipa::path(post, path = "/jobs", tag = "producers", request_body = JobBody, responses(
+    (status = 201, description = "Stored; its items are ready.", body = Submitted),
+    (status = 429, description = "The tenant's waiting items would pass its max_outstanding; nothing was stored.", body = ErrorBody),
+))]
 async fn submit_job(
     broker: web::Data<Broker>,
     body: web::Json<JobBody>,
 ) -> Result<HttpResponse, ApiError> {
     let job = body.into_inner().validate()?;
     let job_id = broker.submit_job(&job).await?;
-    Ok(HttpResponse::Created().json(json!({ "job_id": job_id, "status": "accepted" })))
+    Ok(HttpResponse::Created().json(Submitted { job_id, status: JobStatus::Accepted }))
 }
 
-#[derive(Deserialize)]
+/// Items to add to the first step of an unfinished job.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ItemsBody {
+pub struct ItemsBody {
     items: Vec<ItemBody>,
 }
 
+/// Add items to the first step of an unfinished job.
+#[utoipa::path(post, path = "/jobs/{job_id}/items", tag = "producers", request_body = ItemsBody,
+    params(("job_id" = Uuid, Path, description = "The job")),
+    responses(
+        (status = 200, description = "The job as it is now.", body = JobDocument),
+        (status = 404, description = "No such job.", body = ErrorBody),
+        (status = 409, description = "The job has finished, or its aggregating step has its item.", body = ErrorBody),
+        (status = 429, description = "Over the tenant's max_outstanding; nothing was stored.", body = ErrorBody),
+))]
 async fn append_items(
     broker: web::Data<Broker>,
     path: web::Path<Uuid>,
@@ -120,6 +163,13 @@ async fn append_items(
     Ok(HttpResponse::Ok().json(job))
 }
 
+/// A job's status, progress and per-step counts.
+#[utoipa::path(get, path = "/jobs/{job_id}", tag = "producers",
+    params(("job_id" = Uuid, Path, description = "The job")),
+    responses(
+        (status = 200, description = "The job.", body = JobDocument),
+        (status = 404, description = "No such job.", body = ErrorBody),
+))]
 async fn get_job(
     broker: web::Data<Broker>,
     path: web::Path<Uuid>,
@@ -129,14 +179,26 @@ async fn get_job(
 }
 
 /// What a producer can do to a whole job.
-#[derive(Deserialize, Clone, Copy)]
+#[derive(Deserialize, Clone, Copy, ToSchema)]
 #[serde(rename_all = "snake_case")]
-enum JobAction {
+pub enum JobAction {
     Pause,
     Resume,
     Cancel,
 }
 
+/// Pause a job (items stay put, running ones finish), resume it, or cancel every unfinished
+/// item.
+#[utoipa::path(post, path = "/jobs/{job_id}/{action}", tag = "producers",
+    params(
+        ("job_id" = Uuid, Path, description = "The job"),
+        ("action" = JobAction, Path, description = "What to do"),
+    ),
+    responses(
+        (status = 200, description = "The job as it is now.", body = JobDocument),
+        (status = 404, description = "No such job.", body = ErrorBody),
+        (status = 409, description = "The job has finished.", body = ErrorBody),
+))]
 async fn steer_job(
     broker: web::Data<Broker>,
     path: web::Path<(Uuid, JobAction)>,

@@ -3,13 +3,15 @@
 use std::time::Duration;
 
 use actix_web::{web, HttpResponse};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
 
 use super::endpoint;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use crate::broker::model::{
-    ClaimRequest, ComponentName, QuerierName, ServiceName, StatusUpdate, WorkItemId,
+    ClaimRequest, ComponentName, ItemStatus, QuerierName, ServiceName, StatusUpdate, WorkItem,
+    WorkItemId,
 };
 use crate::broker::Broker;
 
@@ -24,17 +26,34 @@ pub fn routes(config: &mut web::ServiceConfig) {
         .service(endpoint("/queriers/{querier}/shutdown").route(web::post().to(shut_down)));
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct WorkQuery {
+    /// The service whose work to take.
+    #[param(min_length = 1, max_length = 255, pattern = "^[A-Za-z0-9._:/@-]+$")]
     service: String,
+    /// The asking pod; tenant shards are drawn over queriers.
+    #[param(min_length = 1, max_length = 255)]
     querier: String,
+    /// The worker slot within the querier: where its component round robin starts.
     #[serde(default)]
+    #[param(minimum = 0, maximum = 1023)]
     worker: u32,
+    /// Seconds to wait for work to appear.
     #[serde(default)]
+    #[param(minimum = 0, maximum = 60)]
     wait: u32,
+    /// Most items to take, each chosen as fairly as a single claim.
     #[serde(default = "one")]
+    #[param(minimum = 1, maximum = 100, default = 1)]
     max: u32,
+}
+
+/// Items handed out, leased to the asking worker.
+#[derive(Serialize, ToSchema)]
+pub struct WorkItems {
+    work_items: Vec<WorkItem>,
 }
 
 fn one() -> u32 {
@@ -45,6 +64,12 @@ fn out_of_range(name: &str, low: u32, high: u32) -> ApiError {
     ApiError::bad_request("invalid_query", format!("{name} must be between {low} and {high}"))
 }
 
+/// Claim work: up to `max` items of the service, chosen by the fair order.
+#[utoipa::path(get, path = "/work", tag = "workers", params(WorkQuery), responses(
+    (status = 200, description = "Items, each leased for --lease.", body = WorkItems),
+    (status = 204, description = "No work came within `wait`."),
+    (status = 410, description = "The querier announced its shutdown.", body = ErrorBody),
+))]
 async fn get_work(
     broker: web::Data<Broker>,
     query: web::Query<WorkQuery>,
@@ -70,27 +95,50 @@ async fn get_work(
     if items.is_empty() {
         return Ok(HttpResponse::NoContent().finish());
     }
-    Ok(HttpResponse::Ok().json(json!({ "work_items": items })))
+    Ok(HttpResponse::Ok().json(WorkItems { work_items: items }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
-enum ReportedStatus {
+pub enum ReportedStatus {
     Successful,
     Failed,
     Running,
 }
 
-#[derive(Deserialize)]
+/// A worker's report on the attempt it holds.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct StatusBody {
+pub struct StatusBody {
+    /// `running` is a heartbeat that extends the lease.
     status: ReportedStatus,
+    /// The attempt the item was handed out with.
     attempt: i32,
+    /// With `successful`: the results, each becoming an item of the next step.
     results: Option<Vec<Value>>,
-    /// The component of the items made from `results`, when not this item's own.
+    /// With `successful`: the component of the items made from `results`, when not this
+    /// item's own.
+    #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9_-]+$")]
     component: Option<String>,
+    /// With `failed`: what went wrong.
     error: Option<String>,
+    /// With `failed`: whether the item may go again (default true).
     retryable: Option<bool>,
+}
+
+/// An item's status after a report.
+#[derive(Serialize, ToSchema)]
+pub struct StatusAnswer {
+    id: WorkItemId,
+    status: ItemStatus,
+}
+
+/// A querier's state after its shutdown notice.
+#[derive(Serialize, ToSchema)]
+pub struct ShutdownAnswer {
+    querier: String,
+    /// Always `shutting_down`.
+    state: String,
 }
 
 impl StatusBody {
@@ -127,6 +175,14 @@ impl StatusBody {
     }
 }
 
+/// Report on an attempt: done, failed, or still running.
+#[utoipa::path(post, path = "/work/{id}/status", tag = "workers", request_body = StatusBody,
+    params(("id" = i64, Path, description = "The work item")),
+    responses(
+        (status = 200, description = "Applied.", body = StatusAnswer),
+        (status = 404, description = "No such item.", body = ErrorBody),
+        (status = 409, description = "The attempt is no longer current, or the item has finished.", body = ErrorBody),
+))]
 async fn post_status(
     broker: web::Data<Broker>,
     path: web::Path<i64>,
@@ -136,15 +192,21 @@ async fn post_status(
     let attempt = body.attempt;
     let update = body.into_inner().validate()?;
     let status = broker.update_status(id, attempt, update).await?;
-    Ok(HttpResponse::Ok().json(json!({ "id": id, "status": status })))
+    Ok(HttpResponse::Ok().json(StatusAnswer { id, status }))
 }
 
 /// A querier going away: it gets no more work, and leaves its shards once its leases end.
+#[utoipa::path(post, path = "/queriers/{querier}/shutdown", tag = "workers",
+    params(("querier" = String, Path, description = "The querier")),
+    responses((status = 202, description = "It gets 410 from now on.", body = ShutdownAnswer)),
+)]
 async fn shut_down(
     broker: web::Data<Broker>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let querier = QuerierName::parse(&path.into_inner())?;
     broker.shut_down_querier(&querier).await?;
-    Ok(HttpResponse::Accepted().json(json!({ "querier": querier, "state": "shutting_down" })))
+    let state = "shutting_down".to_owned();
+    Ok(HttpResponse::Accepted()
+        .json(ShutdownAnswer { querier: querier.as_str().to_owned(), state }))
 }

@@ -141,6 +141,7 @@ pub fn default_args() -> ServeArgs {
         reap_interval: Duration::from_secs(1),
         querier_forget_delay: Duration::from_secs(60),
         max_body_bytes: 1024 * 1024,
+        long_poll_max: Duration::from_secs(60),
         batches: BatchArgs { batch_lanes: 1, batch_max: 32 },
         // Off, so that no test's plans or statistics move under it; tests/api/plans.rs runs it.
         vacuum: VacuumArgs { vacuum_interval: Duration::ZERO },

@@ -3,6 +3,7 @@
 mod batches;
 mod cli;
 mod concurrency;
+mod contract;
 mod fairness;
 mod helpers;
 mod leases;

@@ -138,3 +138,28 @@ async fn a_job_reports_its_steps_and_progress() {
     assert_eq!(document["progress"], 25);
     app.assert_consistent().await;
 }
+
+/// A payload is handed out exactly as the database holds it. PostgreSQL prints the largest
+/// double as 309 digits, which JSON parsers refuse as out of range: a broker that parsed it
+/// could never hand the item out.
+#[tokio::test]
+async fn any_payload_postgresql_stores_is_handed_out_as_stored() {
+    let app = spawn_app().await;
+    let body = r#"{"user": "alice", "steps": [{"service": "svc"}],
+                   "items": [{"payload": {"largest": 1.7976931348623157e308, "list": [1, "a"]}}]}"#;
+    let response = app
+        .http
+        .post(app.url("/jobs"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(response.status(), 201);
+    let response = app.get("/work?service=svc&querier=pod-0").await;
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.expect("body");
+    assert!(text.contains(r#""largest": 179769313486231570000"#), "{text}");
+    assert!(text.contains(r#""list": [1, "a"]"#), "{text}");
+    app.assert_consistent().await;
+}

@@ -1,0 +1,71 @@
+//! The OpenAPI document is valid, and a live broker honours it: Schemathesis generates requests
+//! for every operation from the document and checks each answer against it.
+//!
+//! The tools come from the Python environment `make test` prepares (`target/pytools`). Run
+//! without it (a bare `cargo test`), these tests say so and pass, unless
+//! `FAIRWAY_REQUIRE_TOOLS` is set, as `make test` sets it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fairway::config::ServeArgs;
+use tokio::process::Command;
+
+use crate::helpers::{default_args, spawn_app, spawn_app_with};
+
+/// The installed tool `name`, or None (after saying why) when the environment lacks it.
+fn python_tool(name: &str) -> Option<PathBuf> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/pytools/bin").join(name);
+    if path.exists() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("FAIRWAY_REQUIRE_TOOLS").is_none(),
+        "{} is missing: `make test` installs it",
+        path.display()
+    );
+    eprintln!("skipped: {} is missing (`make test` installs it)", path.display());
+    None
+}
+
+#[tokio::test]
+async fn the_openapi_document_is_valid() {
+    let Some(validator) = python_tool("openapi-spec-validator") else { return };
+    let app = spawn_app().await;
+    let document = app.get("/openapi.json").await.text().await.expect("the document");
+    let file = std::env::temp_dir().join(format!("fairway-openapi-{}.json", uuid::Uuid::new_v4()));
+    std::fs::write(&file, &document).expect("write the document");
+    let output = Command::new(validator).arg(&file).output().await.expect("run the validator");
+    std::fs::remove_file(&file).ok();
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_broker_answers_as_its_openapi_document_says() {
+    let Some(schemathesis) = python_tool("st") else { return };
+    // Long polls are cut to a second, so that generated `wait`s do not hold the run up.
+    let app =
+        spawn_app_with(ServeArgs { long_poll_max: Duration::from_secs(1), ..default_args() }).await;
+    let output = Command::new(schemathesis)
+        .args(["run", &app.url("/openapi.json")])
+        .args([
+            "--checks",
+            "not_a_server_error,status_code_conformance,\
+             content_type_conformance,response_schema_conformance",
+        ])
+        .args(["--max-examples", "100", "--seed", "1", "--workers", "2"])
+        .env("NO_COLOR", "1")
+        // Schemathesis keeps the examples it found in its working directory.
+        .current_dir(std::env::temp_dir())
+        .output()
+        .await
+        .expect("run schemathesis");
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{report}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(report.contains("Tested: "), "{report}");
+}
