@@ -8,7 +8,7 @@ TEST_PG_DATA ?= target/test-postgres
 PYTOOLS := target/pytools
 PYTOOLS_READY := $(PYTOOLS)/.installed
 
-.PHONY: run test lint bench bench-quick
+.PHONY: run test lint bench bench-quick demo
 
 ## Build and start the broker on 127.0.0.1:8080, on its private PostgreSQL unless DATABASE_URL is set.
 run:
@@ -49,3 +49,12 @@ lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) check --tests --features containers
+
+## Fair sharing, shown: a broker on a throwaway cluster, worker pods, and three users arriving
+## in turn; draws each user's share of the workers in docs/demo/shares.svg (about 40 s).
+demo:
+	$(CARGO) build --release --bin fairway
+	./target/release/fairway postgres --data-dir target/demo-postgres --ephemeral -- sh -c '\
+		./target/release/fairway serve --bind 127.0.0.1:8091 & broker=$$!; \
+		./target/release/fairway demo --url http://127.0.0.1:8091; status=$$?; \
+		kill $$broker; wait $$broker; exit $$status'

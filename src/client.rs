@@ -11,7 +11,9 @@ use serde_json::{json, Value};
 use thiserror::Error;
 
 use crate::broker::membership::{QuerierDocument, TenantDocument};
-use crate::broker::model::{ItemStatus, JobDocument, JobId, Mismatch, UserWorkRow, WorkItem};
+use crate::broker::model::{
+    ItemStatus, JobDocument, JobId, Mismatch, UserShare, UserWorkRow, WorkItem,
+};
 
 #[derive(Debug, Error)]
 pub enum ClientError {
@@ -122,6 +124,11 @@ struct Rows<T> {
 }
 
 #[derive(Deserialize)]
+struct Shares {
+    users: Vec<UserShare>,
+}
+
+#[derive(Deserialize)]
 struct WorkItems {
     work_items: Vec<WorkItem>,
 }
@@ -164,6 +171,11 @@ impl Client {
             Some(token) => request.bearer_auth(token),
             None => request,
         }
+    }
+
+    /// Whether the broker is up and reaches its database.
+    pub async fn ready(&self) -> Result<(), ClientError> {
+        decode::<Value>(self.request(Method::GET, "/readyz").send().await?).await.map(|_| ())
     }
 
     /// Submits a job, given as the JSON body `POST /jobs` takes.
@@ -219,6 +231,13 @@ impl Client {
         query.extend(user.map(|user| ("user", user.to_owned())));
         let response = self.request(Method::GET, "/admin/user-work").query(&query).send().await?;
         Ok(decode::<Rows<UserWorkRow>>(response).await?.rows)
+    }
+
+    /// The users with the most running items of `service`, with their ready items.
+    pub async fn shares(&self, service: &str, limit: u32) -> Result<Vec<UserShare>, ClientError> {
+        let query = [("service", service.to_owned()), ("limit", limit.to_string())];
+        let response = self.request(Method::GET, "/admin/shares").query(&query).send().await?;
+        Ok(decode::<Shares>(response).await?.users)
     }
 
     pub async fn tenants(&self) -> Result<Vec<TenantDocument>, ClientError> {

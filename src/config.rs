@@ -29,6 +29,9 @@ pub enum Command {
     Submit(SubmitArgs),
     /// Serve a service by running a command per work item: any executable becomes a worker.
     Worker(WorkerArgs),
+    /// Show fair sharing on a running broker: three users arrive one after another while
+    /// `fairway worker` pods serve them, and each user's share of the workers is drawn as SVG.
+    Demo(DemoArgs),
 }
 
 /// How the command-line tools reach a broker.
@@ -143,6 +146,33 @@ pub struct SubmitArgs {
     /// Synchronous: a person is waiting for it, so it goes before the user's async jobs.
     #[arg(long)]
     pub sync: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    #[command(flatten)]
+    pub broker: BrokerAddress,
+
+    /// How long the demo runs; the second user arrives after a third of it, the third after
+    /// two thirds.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+
+    /// Worker pods started, each a `fairway worker` process.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub pods: u32,
+
+    /// Items each pod works on at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub concurrency: u32,
+
+    /// How long each item's command sleeps.
+    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
+    pub item_time: Duration,
+
+    /// Where to write the chart.
+    #[arg(long, default_value = "docs/demo/shares.svg")]
+    pub out: PathBuf,
 }
 
 #[derive(Debug, Clone, Args)]

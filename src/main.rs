@@ -31,6 +31,7 @@ async fn main() -> ExitCode {
         Command::Worker(args) => {
             fairway::cli::worker(args).await.map_err(|error| error.to_string())
         }
+        Command::Demo(args) => fairway::cli::demo(args).await.map_err(|error| error.to_string()),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

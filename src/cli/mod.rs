@@ -2,10 +2,12 @@
 //! [`crate::client`]: `fairway admin`, `fairway submit` and `fairway worker`.
 
 mod admin;
+mod demo;
 mod submit;
 mod worker;
 
 pub use admin::run as admin;
+pub use demo::run as demo;
 pub use submit::run as submit;
 pub use worker::run as worker;
 

@@ -222,3 +222,37 @@ async fn sigterm_stops_taking_work_and_finishes_what_the_worker_holds() {
     assert_eq!(attempt, 1, "heartbeats kept the lease past its 2 s");
     app.assert_consistent().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_draws_three_users_converging_on_equal_shares() {
+    let app = spawn_app().await;
+    let out = std::env::temp_dir().join(format!("fairway-demo-{}.svg", Uuid::new_v4()));
+    let output = run(
+        &app,
+        &["demo", "--duration", "9s", "--item-time", "30ms", "--out", out.to_str().expect("path")],
+    )
+    .await;
+    let summary = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{summary}{}", String::from_utf8_lossy(&output.stderr));
+    let svg = std::fs::read_to_string(&out).expect("the chart");
+    std::fs::remove_file(&out).ok();
+    for user in ["alice", "bob", "carol"] {
+        assert!(svg.contains(&format!(r#"<polyline data-user="{user}""#)), "{svg}");
+    }
+    // The last third: all three share the workers, none far from a third.
+    let last = summary.lines().find(|line| line.trim_start().starts_with("6–")).expect(&summary);
+    for part in last.split(": ").nth(1).expect(last).split(", ") {
+        let share: f64 = part.split(' ').nth(1).and_then(|n| n.parse().ok()).expect(part);
+        assert!((0.15..=0.55).contains(&share), "{summary}");
+    }
+    // The demo cancels what is left, so nothing waits for a worker afterwards.
+    let recount: Value = app.get("/admin/user-work?service=demo").await.json().await.expect("JSON");
+    let ready: i64 = recount["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|row| row["ready_count"].as_i64().unwrap_or(0))
+        .sum();
+    assert_eq!(ready, 0);
+    app.assert_consistent().await;
+}
