@@ -1,6 +1,15 @@
 -- Recounts every counter from what it counts and returns each row that differs. No rows: the
 -- counters are consistent. Reads every table in full: an operator's tool, not a hot path.
-WITH item_counts AS (
+WITH work AS (
+    -- Every job step's counts, and for the times last worked also those of the steps of pruned
+    -- jobs, which the fair order's rows still say.
+    SELECT username, service, component, tenant, actor, paused, ready_count, running_count,
+           last_worked
+      FROM user_work
+    UNION ALL
+    SELECT username, service, component, tenant, actor, false, 0, 0, last_worked
+      FROM pruned_work
+), item_counts AS (
     SELECT job_id,
            step_index,
            component,
@@ -31,7 +40,7 @@ WITH item_counts AS (
              ON (ic.job_id, ic.step_index, ic.component) = (uw.job_id, uw.step_index, uw.component)
 ), user_totals AS (
     SELECT username, sum(running_count) AS running, max(last_worked) AS last_worked
-      FROM user_work
+      FROM work
      GROUP BY username
 ), user_counts AS (
     SELECT u.username,
@@ -45,7 +54,7 @@ WITH item_counts AS (
            coalesce(sum(ready_count) FILTER (WHERE NOT paused AND actor = '{}'), 0) AS local_ready,
            coalesce(sum(running_count) FILTER (WHERE actor = '{}'), 0) AS local_running,
            max(last_worked) FILTER (WHERE actor = '{}') AS local_last_worked
-      FROM user_work
+      FROM work
      GROUP BY username, service, component, tenant
 ), queue_counts AS (
     SELECT service,
@@ -78,7 +87,7 @@ WITH item_counts AS (
            coalesce(sum(uw.running_count) FILTER (WHERE cardinality(uw.actor) = depth), 0)
                AS local_running,
            max(uw.last_worked) FILTER (WHERE cardinality(uw.actor) = depth) AS local_last_worked
-      FROM user_work uw
+      FROM work uw
      CROSS JOIN LATERAL generate_series(1, cardinality(uw.actor)) AS depth
      GROUP BY uw.username, uw.service, uw.component, uw.tenant, uw.actor[1:depth]
 ), actor_counts AS (

@@ -1,6 +1,7 @@
 -- Finishes each of jobs $1 that has nothing ready or running: no further item can then be
 -- created, because new items are created in the same transaction as the change that produces
--- them. One statement for a batch of endings, however many jobs they finished.
+-- them. One statement for a batch of endings, however many jobs they finished. Wakes whoever
+-- waits for a job it finished (GET /jobs/{id}?wait=), in every broker, at commit.
 WITH counts AS (
     -- Per job, from its own rows: a LATERAL sum rather than a GROUP BY, which could sort.
     SELECT job.id AS job_id, c.ready, c.running, c.successful, c.failed
@@ -13,16 +14,19 @@ WITH counts AS (
              FROM user_work uw
             WHERE uw.job_id = job.id
            ) c
+), finished AS (
+    UPDATE jobs j
+       SET status = CASE
+                        WHEN counts.failed = 0 THEN 'successful'
+                        WHEN counts.successful > 0 THEN 'complete_with_errors'
+                        ELSE 'failed'
+                    END::job_status,
+           updated_at = now()
+      FROM counts
+     WHERE j.job_id = counts.job_id
+       AND j.status IN ('accepted', 'running', 'paused')
+       AND counts.ready = 0
+       AND counts.running = 0
+    RETURNING j.job_id
 )
-UPDATE jobs j
-   SET status = CASE
-                    WHEN counts.failed = 0 THEN 'successful'
-                    WHEN counts.successful > 0 THEN 'complete_with_errors'
-                    ELSE 'failed'
-                END::job_status,
-       updated_at = now()
-  FROM counts
- WHERE j.job_id = counts.job_id
-   AND j.status IN ('accepted', 'running', 'paused')
-   AND counts.ready = 0
-   AND counts.running = 0;
+SELECT pg_notify('fairway_job_finished', finished.job_id::text) FROM finished;

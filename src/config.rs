@@ -248,6 +248,33 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub vacuum: VacuumArgs,
+
+    #[command(flatten)]
+    pub prune: PruneArgs,
+}
+
+/// How long finished jobs are kept, and how often the broker deletes older ones.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct PruneArgs {
+    /// How long a finished job (successful, complete_with_errors, failed or canceled) is kept,
+    /// with its items and results, after it finished; then the pruner deletes it and its id
+    /// answers 404. 0s keeps every job for ever.
+    #[arg(long, env = "FAIRWAY_RETENTION", default_value = "7days", value_parser = humantime::parse_duration)]
+    pub retention: Duration,
+
+    /// How often the pruner looks for jobs past --retention. Brokers sharing a database take
+    /// turns: one prunes at a time.
+    #[arg(long, env = "FAIRWAY_PRUNE_INTERVAL", default_value = "1m", value_parser = positive_duration)]
+    pub prune_interval: Duration,
+}
+
+/// A duration greater than zero, such as `1m` or `500ms`.
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(duration) if duration.is_zero() => Err("must be greater than zero".to_owned()),
+        Ok(duration) => Ok(duration),
+        Err(error) => Err(error.to_string()),
+    }
 }
 
 /// How often the broker vacuums the fair order's tables itself.
@@ -414,11 +441,13 @@ pub struct BenchArgs {
     )]
     pub paths: Vec<BenchPath>,
 
-    /// Trials of the wake-up measurement (0 to skip it).
+    /// Trials of each wake-up measurement, a worker's (`wakeup`) and a producer's waiting for
+    /// its job (`job_wakeup`); 0 to skip both.
     #[arg(long, default_value_t = 200)]
     pub wakeup_trials: usize,
 
-    /// A two-minute smoke run: 10 and 1,000 users, 10,000 items, 2 s per path, 50 wake-ups.
+    /// A two-minute smoke run: 10 and 1,000 users, 10,000 items, 2 s per path, 50 wake-ups of
+    /// each kind.
     #[arg(long)]
     pub quick: bool,
 

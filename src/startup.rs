@@ -8,7 +8,7 @@ use thiserror::Error;
 use tokio::task::JoinHandle;
 
 use crate::broker::{Broker, BrokerSettings, WorkSignals};
-use crate::config::ServeArgs;
+use crate::config::{PruneArgs, ServeArgs};
 use crate::db::{self, DbError};
 
 /// Expired leases examined per reaper pass.
@@ -100,12 +100,16 @@ fn request_log() -> actix_web::middleware::Logger {
     actix_web::middleware::Logger::new("%r %s %Dms")
 }
 
-/// The broker's upkeep, as `serve` runs it beside the HTTP server: the reaper, and the vacuum
-/// of the fair order's tables unless `--vacuum-interval` is zero.
+/// The broker's upkeep, as `serve` runs it beside the HTTP server: the reaper, the vacuum
+/// of the fair order's tables unless `--vacuum-interval` is zero, and the pruner unless
+/// `--retention` is zero.
 pub fn maintain(broker: &Broker, args: &ServeArgs) -> Vec<JoinHandle<()>> {
     let mut tasks = vec![tokio::spawn(reap(broker.clone(), args.reap_interval))];
     if !args.vacuum.vacuum_interval.is_zero() {
         tasks.push(tokio::spawn(vacuum(broker.clone(), args.vacuum.vacuum_interval)));
+    }
+    if !args.prune.retention.is_zero() {
+        tasks.push(tokio::spawn(prune(broker.clone(), args.prune)));
     }
     tasks
 }
@@ -127,6 +131,19 @@ async fn reap(broker: Broker, interval: std::time::Duration) {
         }
         if let Err(error) = broker.tidy_tenant_queues().await {
             tracing::warn!(%error, "tenant queue pass failed");
+        }
+    }
+}
+
+/// Deletes the jobs past their retention, every --prune-interval; the batches log what they
+/// deleted.
+async fn prune(broker: Broker, args: PruneArgs) {
+    let mut ticker = tokio::time::interval(args.prune_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        if let Err(error) = broker.prune_finished_jobs(args.retention).await {
+            tracing::warn!(%error, "pruning finished jobs failed");
         }
     }
 }

@@ -15,7 +15,7 @@ use thiserror::Error;
 use tokio_postgres::NoTls;
 
 use crate::broker::{Broker, BrokerError, BrokerSettings, WorkSignals};
-use crate::config::{BenchArgs, BenchPath, DatabaseArgs, ServeArgs};
+use crate::config::{BenchArgs, BenchPath, DatabaseArgs, PruneArgs, ServeArgs};
 use crate::db::embedded::EmbeddedError;
 use crate::db::{self, DbError};
 use crate::startup::{self, Application, StartupError};
@@ -104,7 +104,7 @@ async fn run_matrix(
         }
     }
     if args.wakeup_trials > 0 {
-        runs.push(run_wakeup(args, admin_config).await?);
+        runs.extend(run_wakeups(args, admin_config).await?);
     }
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     Ok(Report { command, machine: machine(postgres), runs })
@@ -114,6 +114,15 @@ async fn run_matrix(
 const COMPETING_TENANTS_USERS: usize = 1_000;
 const COMPETING_TENANTS_BACKLOG: usize = 10_000;
 pub const COMPETING_TENANTS_PATH: &str = "fair_tenants";
+
+/// The wake-up measurements' paths: a worker's, and a producer's waiting for its job.
+pub const WAKEUP_PATH: &str = "wakeup";
+pub const JOB_WAKEUP_PATH: &str = "job_wakeup";
+
+/// Whether a run is a wake-up measurement rather than a point of the claim matrix.
+pub fn is_wakeup(path: &str) -> bool {
+    path == WAKEUP_PATH || path == JOB_WAKEUP_PATH
+}
 
 /// One point of the measurements: what is seeded.
 #[derive(Debug, Clone, Copy)]
@@ -199,6 +208,7 @@ fn serve_args(args: &BenchArgs) -> ServeArgs {
         long_poll_max: Duration::from_secs(60),
         batches: args.batches,
         vacuum: args.vacuum,
+        prune: PruneArgs { retention: Duration::ZERO, prune_interval: Duration::from_secs(60) },
     }
 }
 
@@ -332,42 +342,55 @@ fn path_name(path: BenchPath) -> String {
     serde_json::to_value(path).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
 }
 
-async fn run_wakeup(args: &BenchArgs, admin: &tokio_postgres::Config) -> Result<Run, BenchError> {
+/// The wake-up paths, `wakeup` and `job_wakeup`, on one broker of their own.
+async fn run_wakeups(
+    args: &BenchArgs,
+    admin: &tokio_postgres::Config,
+) -> Result<Vec<Run>, BenchError> {
     let config = fresh_database(admin).await?;
     let app = Application::build(&serve_args(args), config).await?;
     let base = format!("http://127.0.0.1:{}", app.port());
     let broker = app.broker().clone();
     let handle = app.handle();
     let task = tokio::spawn(app.run_until_stopped());
+    let trials = args.wakeup_trials;
+    let mut outcomes = Vec::new();
     let started = std::time::Instant::now();
-    let outcome = wakeup::measure(&broker, &base, args.wakeup_trials).await;
+    outcomes.push((WAKEUP_PATH, wakeup::measure(&broker, &base, trials).await, started.elapsed()));
+    let started = std::time::Instant::now();
+    let job_outcome = wakeup::measure_job(&broker, &base, trials).await;
+    outcomes.push((JOB_WAKEUP_PATH, job_outcome, started.elapsed()));
     handle.stop(true).await;
     let _ = task.await;
-    let mut latencies = outcome?;
-    latencies.sort_unstable();
-    let millis = |q| stats::percentile(&latencies, q).map(|micros| micros / 1000.0);
-    eprintln!(
-        "wake-up p50 {:.2} ms p99 {:.2} ms",
-        millis(0.5).unwrap_or(0.0),
-        millis(0.99).unwrap_or(0.0)
-    );
-    Ok(Run {
-        path: "wakeup".to_owned(),
-        users: args.wakeup_trials,
-        jobs: args.wakeup_trials,
-        tenants: 1,
-        components: 1,
-        backlog: 0,
-        workers: 1,
-        max: 1,
-        duration_s: started.elapsed().as_secs_f64(),
-        claims_per_s: None,
-        p50_ms: millis(0.5),
-        p90_ms: millis(0.9),
-        p99_ms: millis(0.99),
-        jain: None,
-        errors: 0,
-    })
+    let mut runs = Vec::new();
+    for (path, outcome, duration) in outcomes {
+        let mut latencies = outcome?;
+        latencies.sort_unstable();
+        let millis = |q| stats::percentile(&latencies, q).map(|micros| micros / 1000.0);
+        eprintln!(
+            "{path} p50 {:.2} ms p99 {:.2} ms",
+            millis(0.5).unwrap_or(0.0),
+            millis(0.99).unwrap_or(0.0)
+        );
+        runs.push(Run {
+            path: path.to_owned(),
+            users: trials,
+            jobs: trials,
+            tenants: 1,
+            components: 1,
+            backlog: 0,
+            workers: 1,
+            max: 1,
+            duration_s: duration.as_secs_f64(),
+            claims_per_s: None,
+            p50_ms: millis(0.5),
+            p90_ms: millis(0.9),
+            p99_ms: millis(0.99),
+            jain: None,
+            errors: 0,
+        });
+    }
+    Ok(runs)
 }
 
 fn machine(postgres: String) -> Machine {

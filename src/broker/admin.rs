@@ -1,6 +1,6 @@
 use super::model::{Mismatch, UserShare, UserWorkRow};
 use super::rows;
-use super::{Broker, BrokerError};
+use super::{snapshot, Broker, BrokerError};
 use crate::db::sql::{self, CHECK_CONSISTENCY, LIST_USER_SHARES, LIST_USER_WORK};
 
 impl Broker {
@@ -37,13 +37,7 @@ impl Broker {
     /// Recounts every counter from the work items and returns each difference.
     pub async fn check_consistency(&self) -> Result<Vec<Mismatch>, BrokerError> {
         let mut client = self.client().await?;
-        // One snapshot for the whole recount, so concurrent changes cannot look like drift.
-        let tx = client
-            .build_transaction()
-            .read_only(true)
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .start()
-            .await?;
+        let tx = snapshot(&mut client).await?;
         let rows = sql::query(&tx, CHECK_CONSISTENCY, &[]).await?;
         tx.commit().await?;
         rows.iter().map(rows::mismatch).collect()

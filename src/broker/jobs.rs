@@ -1,17 +1,20 @@
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
+use tokio_postgres::Row;
 use uuid::Uuid;
 
-use super::model::{reject_nul, ComponentName, JobDocument, JobId, JobStatus, NewItem, NewJob};
+use super::model::{
+    reject_nul, ComponentName, JobDocument, JobId, JobStatus, NewItem, NewJob, StepDocument,
+};
 use super::rows;
 use super::{Broker, BrokerError};
 use crate::db::sql::{
     self, APPLY_STEP_DELTAS, APPLY_TENANT_DELTAS, CANCEL_JOB_ITEMS, COUNT_OUTSTANDING,
-    CREATE_STEP_QUEUES, CREATE_TENANT, CREATE_USER, GET_JOB, GET_JOB_STEPS,
+    CREATE_STEP_QUEUES, CREATE_TENANT, CREATE_USER, GET_JOB, GET_JOBS_STEPS,
     INSERT_FIRST_STEP_ITEMS, INSERT_JOB, INSERT_JOB_STEPS, LOCK_JOB_OWNER, LOCK_TENANT_LIMIT,
-    LOCK_USER, NOTIFY_WORK_READY, SET_JOB_PAUSED, SET_JOB_STATUS,
+    LOCK_USER, NOTIFY_JOB_FINISHED, NOTIFY_WORK_READY, SET_JOB_PAUSED, SET_JOB_STATUS,
 };
 
 /// Changes to a job step's item counts, applied with `apply_step_deltas.sql`.
@@ -236,6 +239,7 @@ impl Broker {
         }
         tenant_deltas.apply(&tx).await?;
         sql::execute(&tx, SET_JOB_STATUS, &[&job_id.0, &JobStatus::Canceled.as_str()]).await?;
+        sql::execute(&tx, NOTIFY_JOB_FINISHED, &[&job_id.0]).await?;
         let job = read_job(&tx, job_id).await?;
         tx.commit().await?;
         Ok(job)
@@ -337,10 +341,21 @@ pub(super) async fn read_job(
     let job = sql::query_opt(client, GET_JOB, &[&job_id.0])
         .await?
         .ok_or_else(|| job_not_found(job_id))?;
-    let steps = sql::query(client, GET_JOB_STEPS, &[&job_id.0])
-        .await?
-        .iter()
-        .map(rows::step_document)
-        .collect::<Result<Vec<_>, _>>()?;
-    rows::job_document(job_id, &job, steps)
+    job_documents(client, &[job]).await?.pop().ok_or_else(|| job_not_found(job_id))
+}
+
+/// The documents of `jobs` (rows as `get_job.sql` reads them), their steps read at once.
+pub(super) async fn job_documents(
+    client: &impl GenericClient,
+    jobs: &[Row],
+) -> Result<Vec<JobDocument>, BrokerError> {
+    let ids = jobs.iter().map(|job| job.try_get("job_id")).collect::<Result<Vec<Uuid>, _>>()?;
+    let mut steps: HashMap<Uuid, Vec<StepDocument>> = HashMap::with_capacity(ids.len());
+    for row in sql::query(client, GET_JOBS_STEPS, &[&ids]).await? {
+        steps.entry(row.try_get("job_id")?).or_default().push(rows::step_document(&row)?);
+    }
+    jobs.iter()
+        .zip(ids)
+        .map(|(job, id)| rows::job_document(JobId(id), job, steps.remove(&id).unwrap_or_default()))
+        .collect()
 }

@@ -6,9 +6,11 @@ mod batch;
 mod claim;
 mod error;
 mod jobs;
+pub mod listing;
 pub mod membership;
 pub mod model;
 mod outcome;
+pub mod pruning;
 mod rows;
 mod signals;
 
@@ -97,9 +99,25 @@ impl Broker {
         self.signals.waiting_workers()
     }
 
+    /// How many producers this broker holds waiting for a job to finish right now.
+    pub fn job_waiters(&self) -> usize {
+        self.signals.job_waiters()
+    }
+
     /// Whether the database answers.
     pub async fn ping(&self) -> Result<(), BrokerError> {
         self.client().await?.simple_query("SELECT 1").await?;
         Ok(())
     }
+}
+
+/// A read-only transaction on one snapshot, so that what several statements read agrees
+/// (concurrent changes cannot look like drift, nor a finished job like a running one).
+async fn snapshot(client: &mut Object) -> Result<deadpool_postgres::Transaction<'_>, BrokerError> {
+    Ok(client
+        .build_transaction()
+        .read_only(true)
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .await?)
 }

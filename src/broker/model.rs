@@ -328,6 +328,31 @@ impl JobStatus {
     pub fn is_finished(self) -> bool {
         matches!(self, Self::Successful | Self::CompleteWithErrors | Self::Failed | Self::Canceled)
     }
+
+    pub const ALL: [Self; 7] = [
+        Self::Accepted,
+        Self::Running,
+        Self::Paused,
+        Self::Successful,
+        Self::CompleteWithErrors,
+        Self::Failed,
+        Self::Canceled,
+    ];
+
+    /// A status a client named, e.g. in a listing's filter.
+    pub fn parse(name: &str) -> Result<Self, BrokerError> {
+        Self::ALL
+            .into_iter()
+            .find(|status| status.as_str() == name)
+            .ok_or_else(|| unknown_status("job", name, &Self::ALL.map(Self::as_str)))
+    }
+}
+
+fn unknown_status(what: &str, name: &str, known: &[&str]) -> BrokerError {
+    BrokerError::invalid(
+        "invalid_query",
+        format!("status {name:?} is not a {what} status; one of {}", known.join(", ")),
+    )
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -443,6 +468,9 @@ pub enum ItemStatus {
 }
 
 impl ItemStatus {
+    pub const ALL: [Self; 5] =
+        [Self::Ready, Self::Running, Self::Successful, Self::Failed, Self::Canceled];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Ready => "ready",
@@ -451,6 +479,20 @@ impl ItemStatus {
             Self::Failed => "failed",
             Self::Canceled => "canceled",
         }
+    }
+
+    /// A status a client named, e.g. in a listing's filter.
+    pub fn parse(name: &str) -> Result<Self, BrokerError> {
+        Self::ALL
+            .into_iter()
+            .find(|status| status.as_str() == name)
+            .ok_or_else(|| unknown_status("work item", name, &Self::ALL.map(Self::as_str)))
+    }
+
+    pub fn from_db(value: &str) -> Result<Self, BrokerError> {
+        Self::ALL.into_iter().find(|status| status.as_str() == value).ok_or_else(|| {
+            BrokerError::Unavailable(format!("unknown work item status {value:?} in the database"))
+        })
     }
 }
 

@@ -7,10 +7,11 @@ use serde_json::value::RawValue;
 use tokio_postgres::types::Json;
 use tokio_postgres::Row;
 
+use super::listing::ItemDocument;
 use super::membership::{QuerierDocument, TenantDocument};
 use super::model::{
-    progress, JobDocument, JobId, JobStatus, Mismatch, StepDocument, UserShare, UserWorkRow,
-    WorkItem, WorkItemId,
+    progress, ItemStatus, JobDocument, JobId, JobStatus, Mismatch, StepDocument, UserShare,
+    UserWorkRow, WorkItem, WorkItemId,
 };
 use super::BrokerError;
 
@@ -32,7 +33,7 @@ pub fn work_item(row: &Row, service: &str) -> Result<WorkItem, BrokerError> {
     })
 }
 
-/// A job (sql/get_job.sql) with its steps (sql/get_job_steps.sql, through `step_document`).
+/// A job (sql/get_job.sql) with its steps (sql/get_jobs_steps.sql, through `step_document`).
 pub fn job_document(
     job_id: JobId,
     job: &Row,
@@ -131,6 +132,22 @@ pub fn tenant_document(row: &Row) -> Result<TenantDocument, BrokerError> {
         sharded: row.try_get("sharded")?,
         outstanding: row.try_get("outstanding")?,
         queriers: row.try_get("queriers")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}
+
+/// A row of sql/list_job_items.sql.
+pub fn item_document(row: &Row) -> Result<ItemDocument, BrokerError> {
+    Ok(ItemDocument {
+        id: WorkItemId(row.try_get("id")?),
+        step: row.try_get("step_index")?,
+        status: ItemStatus::from_db(row.try_get("status")?)?,
+        attempt: row.try_get("attempt")?,
+        payload: row.try_get::<_, Json<Box<RawValue>>>("payload")?.0,
+        inputs: row.try_get::<_, Json<Box<RawValue>>>("inputs")?.0,
+        results: row.try_get::<_, Option<Json<Box<RawValue>>>>("results")?.map(|json| json.0),
+        error: row.try_get("error")?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
     })

@@ -4,11 +4,48 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::Notify;
 
-/// Wakes workers that long-poll for a service when work for it becomes ready. Fed by the
-/// database's notifications, so every broker process hears about work any of them created.
+use super::model::JobId;
+
+/// Wakes workers that long-poll for a service when work for it becomes ready, and producers
+/// that wait for a job when it finishes. Fed by the database's notifications, so every broker
+/// process hears about work any of them created and jobs any of them finished.
 #[derive(Clone, Default)]
 pub struct WorkSignals {
     services: Arc<Mutex<HashMap<String, Arc<ServiceSignal>>>>,
+    jobs: Arc<Mutex<HashMap<JobId, JobSignal>>>,
+}
+
+/// The waiters for one job, and how many hold a watch on it: the entry goes with the last.
+struct JobSignal {
+    finished: Arc<Notify>,
+    watches: usize,
+}
+
+/// A producer's interest in one job's end, held while it waits.
+pub struct JobWatch {
+    jobs: Arc<Mutex<HashMap<JobId, JobSignal>>>,
+    job_id: JobId,
+    finished: Arc<Notify>,
+}
+
+impl JobWatch {
+    /// Completes when the job may have finished. Register it (`Notified::enable`) before
+    /// reading the job, so that a finish in between is not missed.
+    pub fn finished(&self) -> tokio::sync::futures::Notified<'_> {
+        self.finished.notified()
+    }
+}
+
+impl Drop for JobWatch {
+    fn drop(&mut self) {
+        let mut jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(signal) = jobs.get_mut(&self.job_id) {
+            signal.watches -= 1;
+            if signal.watches == 0 {
+                jobs.remove(&self.job_id);
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -69,6 +106,38 @@ impl WorkSignals {
         let services = self.services.lock().unwrap_or_else(PoisonError::into_inner);
         for signal in services.values() {
             signal.ready.notify_waiters();
+        }
+        let jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
+        for signal in jobs.values() {
+            signal.finished.notify_waiters();
+        }
+    }
+
+    /// Watches for the end of job `job_id` until the watch is dropped.
+    pub fn watch_job(&self, job_id: JobId) -> JobWatch {
+        let mut jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
+        let signal = jobs
+            .entry(job_id)
+            .or_insert_with(|| JobSignal { finished: Arc::default(), watches: 0 });
+        signal.watches += 1;
+        JobWatch { jobs: self.jobs.clone(), job_id, finished: signal.finished.clone() }
+    }
+
+    /// How many producers this broker holds waiting for a job right now.
+    pub fn job_waiters(&self) -> usize {
+        let jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
+        jobs.values().map(|signal| signal.watches).sum()
+    }
+
+    /// Wakes whoever waits for the job whose id is `job_id` (as a notification carries it).
+    pub fn job_finished(&self, job_id: &str) {
+        let Ok(job_id) = job_id.parse().map(JobId) else {
+            tracing::warn!(job_id, "a job-finished notification names no job id");
+            return;
+        };
+        let jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(signal) = jobs.get(&job_id) {
+            signal.finished.notify_waiters();
         }
     }
 

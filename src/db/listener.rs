@@ -6,9 +6,13 @@ use tokio_postgres::{AsyncMessage, NoTls};
 use crate::broker::WorkSignals;
 
 /// The channel that `sql/notify_work_ready.sql` notifies, with the service as payload.
-const CHANNEL: &str = "fairway_work_ready";
+const WORK_READY: &str = "fairway_work_ready";
 
-/// Keeps one connection listening for work notifications and forwards them to `signals`,
+/// The channel that `sql/refresh_job_status.sql` and `sql/notify_job_finished.sql` notify,
+/// with the job id as payload.
+const JOB_FINISHED: &str = "fairway_job_finished";
+
+/// Keeps one connection listening for work and job notifications and forwards them to `signals`,
 /// reconnecting when it drops. After every (re)connect all waiters are woken, since
 /// notifications sent while disconnected are lost.
 pub async fn listen_for_work(config: tokio_postgres::Config, signals: WorkSignals) {
@@ -46,11 +50,15 @@ async fn listen_once(
             }
         }
     });
-    client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+    client.batch_execute(&format!("LISTEN {WORK_READY}; LISTEN {JOB_FINISHED}")).await?;
     signals.wake_all();
     while let Some(message) = messages.recv().await {
         if let AsyncMessage::Notification(notification) = message {
-            signals.work_ready(notification.payload());
+            if notification.channel() == JOB_FINISHED {
+                signals.job_finished(notification.payload());
+            } else {
+                signals.work_ready(notification.payload());
+            }
         }
     }
     drop(client);

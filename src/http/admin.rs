@@ -6,8 +6,8 @@ use actix_web::{web, HttpResponse};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::endpoint;
 use super::error::{ApiError, ErrorBody};
+use super::{endpoint, non_empty};
 use crate::broker::membership::{QuerierDocument, TenantDocument, TenantLimits};
 use crate::broker::model::{Mismatch, ServiceName, TenantName, UserShare, UserWorkRow};
 use crate::broker::Broker;
@@ -69,11 +69,6 @@ async fn user_work(
     }
     let rows = broker.user_work(non_empty(&query.service), non_empty(&query.user), limit).await?;
     Ok(HttpResponse::Ok().json(UserWorkRows { rows }))
-}
-
-/// An empty filter means no filter, so `?service=&user=` lists everything.
-fn non_empty(value: &Option<String>) -> Option<&str> {
-    value.as_deref().filter(|value| !value.is_empty())
 }
 
 #[derive(Deserialize, IntoParams)]

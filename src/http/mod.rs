@@ -6,9 +6,13 @@ pub mod openapi;
 mod producers;
 mod workers;
 
+use std::str::FromStr;
+
 use actix_web::web;
 
-use error::{json_error, path_error, query_error};
+use crate::broker::listing::PageLimit;
+
+use error::{json_error, path_error, query_error, ApiError};
 
 /// The answer for a path no route matches: a JSON error like every other.
 pub async fn no_such_route(request: actix_web::HttpRequest) -> Result<(), error::ApiError> {
@@ -19,6 +23,31 @@ pub async fn no_such_route(request: actix_web::HttpRequest) -> Result<(), error:
 async fn wrong_method(request: actix_web::HttpRequest) -> Result<(), error::ApiError> {
     let (method, path) = (request.method().to_string(), request.path().to_owned());
     Err(error::ApiError::WrongMethod { method, path })
+}
+
+/// An empty query parameter means the parameter was not given, so that `?service=&user=`
+/// lists everything and `?cursor=` starts from the beginning.
+fn non_empty(value: &Option<String>) -> Option<&str> {
+    value.as_deref().filter(|value| !value.is_empty())
+}
+
+/// Reads query parameter `name` as a number, naming it when it is not one.
+fn number<T: FromStr>(name: &str, value: Option<&str>) -> Result<Option<T>, ApiError> {
+    value
+        .map(|text| {
+            text.parse().map_err(|_| {
+                ApiError::bad_request("invalid_query", format!("{name} {text:?} is not a number"))
+            })
+        })
+        .transpose()
+}
+
+/// `?limit=`: how many entries a page holds.
+fn page_limit(limit: Option<&str>) -> Result<PageLimit, ApiError> {
+    match number("limit", limit)? {
+        Some(limit) => Ok(PageLimit::new(limit)?),
+        None => Ok(PageLimit::default()),
+    }
 }
 
 /// A path of the API, answering a JSON 405 to methods it has no route for.

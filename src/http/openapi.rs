@@ -16,6 +16,9 @@ use super::{admin, error, producers, workers};
     paths(
         producers::submit_job,
         producers::get_job,
+        producers::job_results,
+        producers::list_items,
+        producers::list_jobs,
         producers::append_items,
         producers::steer_job,
         workers::get_work,

@@ -1,25 +1,40 @@
 //! Producers submit jobs and steer them.
 
+use std::time::Duration;
+
 use actix_web::{web, HttpResponse};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
-use super::endpoint;
 use super::error::{ApiError, ErrorBody};
+use super::{endpoint, non_empty, number, page_limit};
+use crate::broker::listing::{
+    ItemFilter, ItemsCursor, ItemsPage, JobOwner, JobsCursor, JobsPage, ResultsCursor, ResultsPage,
+};
 use crate::broker::model::{
-    ActorPath, ComponentName, JobDocument, JobId, JobStatus, NewItem, NewJob, ServiceName,
-    StepSpec, TenantName, UserName,
+    ActorPath, ComponentName, ItemStatus, JobDocument, JobId, JobStatus, NewItem, NewJob,
+    ServiceName, StepSpec, TenantName, UserName,
 };
 use crate::broker::Broker;
 
+/// The longest a producer may ask to wait for a job in one request, in seconds.
+const MAX_WAIT_SECONDS: u64 = 60;
+
 pub fn routes(config: &mut web::ServiceConfig) {
     config
-        .service(endpoint("/jobs").route(web::post().to(submit_job)))
+        .service(
+            endpoint("/jobs").route(web::post().to(submit_job)).route(web::get().to(list_jobs)),
+        )
         .service(endpoint("/jobs/{job_id}").route(web::get().to(get_job)))
-        .service(endpoint("/jobs/{job_id}/items").route(web::post().to(append_items)))
-        // After /items: routes match in the order they are registered.
+        .service(
+            endpoint("/jobs/{job_id}/items")
+                .route(web::post().to(append_items))
+                .route(web::get().to(list_items)),
+        )
+        .service(endpoint("/jobs/{job_id}/results").route(web::get().to(job_results)))
+        // After /items and /results: routes match in the order they are registered.
         .service(endpoint("/jobs/{job_id}/{action}").route(web::post().to(steer_job)));
 }
 
@@ -163,19 +178,163 @@ async fn append_items(
     Ok(HttpResponse::Ok().json(job))
 }
 
-/// A job's status, progress and per-step counts.
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct JobQuery {
+    /// Seconds to wait for the job to finish (0 to 60, default 0: answer at once).
+    #[param(value_type = Option<u32>, minimum = 0, maximum = 60)]
+    wait: Option<String>,
+}
+
+/// A job's status, progress and per-step counts; with `wait`, once the job has finished
+/// (successful, complete_with_errors, failed or canceled) or `wait` seconds have passed,
+/// whichever comes first.
 #[utoipa::path(get, path = "/jobs/{job_id}", tag = "producers",
-    params(("job_id" = Uuid, Path, description = "The job")),
+    params(("job_id" = Uuid, Path, description = "The job"), JobQuery),
     responses(
         (status = 200, description = "The job.", body = JobDocument),
-        (status = 404, description = "No such job.", body = ErrorBody),
+        (status = 404, description = "No such job, or it was pruned.", body = ErrorBody),
 ))]
 async fn get_job(
     broker: web::Data<Broker>,
     path: web::Path<Uuid>,
+    query: web::Query<JobQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let job = broker.get_job(JobId(path.into_inner())).await?;
+    let job_id = JobId(path.into_inner());
+    let wait: u64 = number("wait", non_empty(&query.wait))?.unwrap_or(0);
+    if wait > MAX_WAIT_SECONDS {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            format!("wait must be between 0 and {MAX_WAIT_SECONDS} seconds"),
+        ));
+    }
+    let job = if wait == 0 {
+        broker.get_job(job_id).await?
+    } else {
+        broker.wait_for_job(job_id, Duration::from_secs(wait)).await?
+    };
     Ok(HttpResponse::Ok().json(job))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct ResultsQuery {
+    /// Most items of each list in a page (1 to 10,000, default 1,000).
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 10000)]
+    limit: Option<String>,
+    /// The `next_cursor` of the page before; empty or absent: from the start.
+    cursor: Option<String>,
+}
+
+/// The results of the job's last step, in item order, and the errors of its items that failed
+/// for good, a page at a time.
+#[utoipa::path(get, path = "/jobs/{job_id}/results", tag = "producers",
+    params(("job_id" = Uuid, Path, description = "The job"), ResultsQuery),
+    responses(
+        (status = 200, description = "A page of results and errors.", body = ResultsPage),
+        (status = 404, description = "No such job, or it was pruned.", body = ErrorBody),
+))]
+async fn job_results(
+    broker: web::Data<Broker>,
+    path: web::Path<Uuid>,
+    query: web::Query<ResultsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let limit = page_limit(non_empty(&query.limit))?;
+    let cursor = non_empty(&query.cursor).map(ResultsCursor::parse).transpose()?;
+    let page =
+        broker.job_results(JobId(path.into_inner()), cursor.unwrap_or_default(), limit).await?;
+    Ok(HttpResponse::Ok().json(page))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct ItemsQuery {
+    /// Only this step's items.
+    #[param(value_type = Option<i32>, minimum = 0)]
+    step: Option<String>,
+    /// Only items of this status.
+    #[param(value_type = Option<ItemStatus>)]
+    status: Option<String>,
+    /// Most items in a page (1 to 10,000, default 1,000).
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 10000)]
+    limit: Option<String>,
+    /// The `next_cursor` of the page before; empty or absent: from the start.
+    cursor: Option<String>,
+}
+
+/// The job's items in the order they were made, optionally of one step and one status, a page
+/// at a time.
+#[utoipa::path(get, path = "/jobs/{job_id}/items", tag = "producers",
+    params(("job_id" = Uuid, Path, description = "The job"), ItemsQuery),
+    responses(
+        (status = 200, description = "A page of items.", body = ItemsPage),
+        (status = 404, description = "No such job, or it was pruned.", body = ErrorBody),
+))]
+async fn list_items(
+    broker: web::Data<Broker>,
+    path: web::Path<Uuid>,
+    query: web::Query<ItemsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let step: Option<i32> = number("step", non_empty(&query.step))?;
+    if step.is_some_and(|step| step < 0) {
+        return Err(ApiError::bad_request("invalid_query", "step must be 0 or more"));
+    }
+    let status = non_empty(&query.status).map(ItemStatus::parse).transpose()?;
+    let limit = page_limit(non_empty(&query.limit))?;
+    let cursor = non_empty(&query.cursor).map(ItemsCursor::parse).transpose()?;
+    let filter = ItemFilter { step, status };
+    let page = broker
+        .job_items(JobId(path.into_inner()), filter, cursor.unwrap_or_default(), limit)
+        .await?;
+    Ok(HttpResponse::Ok().json(page))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct JobsQuery {
+    /// This user's jobs (with `tenant`, only those in that tenant).
+    #[param(max_length = 255)]
+    user: Option<String>,
+    /// This tenant's jobs. One of `user` and `tenant` is required.
+    #[param(max_length = 255)]
+    tenant: Option<String>,
+    /// Only jobs of this status.
+    #[param(value_type = Option<JobStatus>)]
+    status: Option<String>,
+    /// Most jobs in a page (1 to 10,000, default 1,000).
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 10000)]
+    limit: Option<String>,
+    /// The `next_cursor` of the page before; empty or absent: from the newest.
+    cursor: Option<String>,
+}
+
+/// A user's or a tenant's jobs, newest first, a page at a time.
+#[utoipa::path(get, path = "/jobs", tag = "producers", params(JobsQuery),
+    responses((status = 200, description = "A page of jobs.", body = JobsPage)))]
+async fn list_jobs(
+    broker: web::Data<Broker>,
+    query: web::Query<JobsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let tenant = non_empty(&query.tenant).map(TenantName::parse).transpose()?;
+    let owner = match (non_empty(&query.user), tenant) {
+        (Some(user), tenant) => JobOwner::User { user: UserName::parse(user)?, tenant },
+        (None, Some(tenant)) => JobOwner::Tenant(tenant),
+        (None, None) => {
+            return Err(ApiError::bad_request(
+                "invalid_query",
+                "name a user or a tenant (or both) whose jobs to list",
+            ))
+        }
+    };
+    let status = non_empty(&query.status).map(JobStatus::parse).transpose()?;
+    let limit = page_limit(non_empty(&query.limit))?;
+    let cursor = non_empty(&query.cursor).map(JobsCursor::parse).transpose()?;
+    let page = broker.list_jobs(&owner, status, cursor, limit).await?;
+    Ok(HttpResponse::Ok().json(page))
 }
 
 /// What a producer can do to a whole job.

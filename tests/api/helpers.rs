@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use fairway::config::{BatchArgs, DatabaseArgs, ServeArgs, VacuumArgs};
+use fairway::config::{BatchArgs, DatabaseArgs, PruneArgs, ServeArgs, VacuumArgs};
 use fairway::startup::Application;
 use reqwest::{Response, StatusCode};
 use serde_json::{json, Value};
@@ -145,11 +145,15 @@ pub fn default_args() -> ServeArgs {
         batches: BatchArgs { batch_lanes: 1, batch_max: 32 },
         // Off, so that no test's plans or statistics move under it; tests/api/plans.rs runs it.
         vacuum: VacuumArgs { vacuum_interval: Duration::ZERO },
+        // Off, so that no test's jobs go under it; tests/api/pruning.rs prunes when it means to.
+        prune: PruneArgs { retention: Duration::ZERO, prune_interval: Duration::from_secs(60) },
     }
 }
 
 pub struct TestApp {
     pub address: String,
+    /// The broker behind `address`, for what a test runs in-process (a pruning pass).
+    pub broker: fairway::broker::Broker,
     pub http: reqwest::Client,
     pub db: tokio_postgres::Client,
     pub config: tokio_postgres::Config,
@@ -168,9 +172,10 @@ pub async fn spawn_app_with(args: ServeArgs) -> TestApp {
 pub async fn spawn_broker(args: ServeArgs, config: tokio_postgres::Config) -> TestApp {
     let app = Application::build(&args, config.clone()).await.expect("build the broker");
     let address = format!("http://127.0.0.1:{}", app.port());
+    let broker = app.broker().clone();
     tokio::spawn(app.run_until_stopped());
     let db = connect(&config).await;
-    TestApp { address, http: reqwest::Client::new(), db, config }
+    TestApp { address, broker, http: reqwest::Client::new(), db, config }
 }
 
 impl TestApp {

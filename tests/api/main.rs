@@ -10,6 +10,8 @@ mod leases;
 mod lifecycle;
 mod longpoll;
 mod plans;
+mod pruning;
+mod results;
 mod schema;
 mod tenants;
 mod validation;

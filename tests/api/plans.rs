@@ -403,3 +403,160 @@ async fn the_broker_vacuums_the_dead_rows_claims_leave_in_the_fair_order() {
     }
     app.assert_consistent().await;
 }
+
+/// SEED's million items all finished (a tenth failed), and its jobs finished a month ago; and
+/// a big user, alone in its tenant, with a hundred thousand jobs, one of them of two hundred
+/// thousand items over two steps.
+const FINISHED: &str = "
+UPDATE jobs SET status = 'successful', updated_at = now() - interval '30 days';
+INSERT INTO users (username) VALUES ('user-big');
+INSERT INTO tenants (tenant) VALUES ('tenant-big');
+INSERT INTO jobs (job_id, username, is_async, tenant, actor, status, created_at, updated_at)
+SELECT md5('big-' || j)::uuid, 'user-big', true, 'tenant-big', '{}',
+       CASE WHEN j % 10 = 0 THEN 'failed' ELSE 'successful' END::job_status,
+       now() - j * interval '1 second', now() - interval '30 days'
+  FROM generate_series(1, 100000) j;
+INSERT INTO job_steps (job_id, step_index, service, aggregate)
+SELECT md5('big-1')::uuid, s, 'svc', false FROM generate_series(0, 1) s;
+INSERT INTO user_work (job_id, step_index, component, username, service, is_async, tenant, actor)
+SELECT md5('big-1')::uuid, s, 'unknown', 'user-big', 'svc', true, 'tenant-big', '{}'
+  FROM generate_series(0, 1) s;
+INSERT INTO work_items (job_id, step_index, component, status, payload)
+SELECT md5('big-1')::uuid, i % 2, 'unknown',
+       CASE WHEN i % 10 = 0 THEN 'failed' ELSE 'successful' END::work_item_status, '{}'
+  FROM generate_series(1, 200000) i;
+";
+
+/// Fails unless every read of work_items and jobs goes by one of `indexes` (or, for an item
+/// the page already chose, the primary key), nothing is read by a sequential scan, and every
+/// sort sorts what ranges stopped by a LIMIT read: a page's cost follows its limit, not the
+/// size of the job or the table.
+fn assert_bounded_ranges(name: &str, plan: &Value, indexes: &[&str]) {
+    fn check(
+        name: &str,
+        node: &Value,
+        sorted: bool,
+        limited: bool,
+        indexes: &[&str],
+        plan: &Value,
+    ) {
+        let kind = node["Node Type"].as_str().unwrap_or_default();
+        assert_ne!(kind, "Seq Scan", "{name} scans {}: {plan:#}", node["Relation Name"]);
+        let relation = node["Relation Name"].as_str().unwrap_or_default();
+        if ["work_items", "jobs"].contains(&relation) && kind != "ModifyTable" {
+            // A bitmap heap scan reads by the indexes of the bitmap index scans below it.
+            let by: Vec<&str> = nodes(node)
+                .iter()
+                .filter_map(|below| below["Index Name"].as_str())
+                .take(if kind == "Bitmap Heap Scan" { usize::MAX } else { 1 })
+                .collect();
+            let known = |index: &&str| {
+                indexes.contains(index) || ["work_items_pkey", "jobs_pkey"].contains(index)
+            };
+            assert!(
+                !by.is_empty() && by.iter().all(known),
+                "{name} reads {relation} by {by:?}: {plan:#}"
+            );
+            assert!(!sorted || limited, "{name} sorts an unlimited read of {relation}: {plan:#}");
+        }
+        let sorted = sorted || kind.contains("Sort");
+        // A LIMIT above the sort bounds what reaches it, not what it reads.
+        let limited = limited || (sorted && kind == "Limit");
+        for child in node["Plans"].as_array().into_iter().flatten() {
+            check(name, child, sorted, limited, indexes, plan);
+        }
+    }
+    check(name, plan, false, false, indexes, plan);
+}
+
+/// The pruner's statements and the producers' listings at a million finished items over twenty
+/// thousand jobs, and a user with a hundred thousand jobs: index ranges that stop at their batch
+/// or page, whatever the size of the backlog, the job or the user.
+#[tokio::test]
+async fn pruning_and_listings_are_index_ranges_at_a_million_finished_items() {
+    let (db, _notices) = connect_with_notices().await;
+    let seed = SEED
+        .replace("$TENANTS", &TENANTS.to_string())
+        .replace("$USERS", &USERS.to_string())
+        .replace("$ITEMS", &ITEMS.to_string())
+        .replace(
+            "CASE WHEN i % 10 = 0 THEN 'successful' ELSE 'ready' END",
+            "CASE WHEN i % 10 = 0 THEN 'failed' ELSE 'successful' END",
+        );
+    db.batch_execute(&seed).await.expect("seed");
+    db.batch_execute(FINISHED).await.expect("finish the jobs");
+    db.batch_execute("VACUUM ANALYZE").await.expect("analyze");
+    let job: uuid::Uuid =
+        db.query_one("SELECT md5('big-1')::uuid", &[]).await.expect("the big job").get(0);
+    let oldest: String = db
+        .query_one(
+            "SELECT 'ARRAY[' || string_agg(quote_literal(job_id::text), ', ') || ']::uuid[]'
+               FROM (SELECT job_id FROM jobs ORDER BY updated_at, job_id LIMIT 100) oldest",
+            &[],
+        )
+        .await
+        .expect("the oldest jobs")
+        .get(0);
+    let all_items = "ARRAY['ready', 'running', 'successful', 'failed', 'canceled']";
+    let far_future =
+        "'9999-12-31T23:59:59Z'::timestamptz, 'ffffffff-ffff-ffff-ffff-ffffffffffff'::uuid";
+    let statements = [
+        (
+            "find_prunable_jobs",
+            sql::FIND_PRUNABLE_JOBS,
+            "604800000, 100".to_owned(),
+            &["jobs_finished"][..],
+        ),
+        (
+            "prune_items",
+            sql::PRUNE_ITEMS,
+            format!("{oldest}, 1000"),
+            &["work_items_by_job_status"][..],
+        ),
+        ("prune_jobs", sql::PRUNE_JOBS, oldest.clone(), &["work_items_by_job_status"][..]),
+        (
+            "list_job_items",
+            sql::LIST_JOB_ITEMS,
+            format!("'{job}', {all_items}, 0, 2147483647, 0, 1000"),
+            &["work_items_by_job_status"][..],
+        ),
+        (
+            "list_job_items (results)",
+            sql::LIST_JOB_ITEMS,
+            format!("'{job}', ARRAY['successful'], 1, 1, 0, 1000"),
+            &["work_items_by_job_status"][..],
+        ),
+        (
+            "list_user_jobs",
+            sql::LIST_USER_JOBS,
+            format!("'user-big', NULL, ARRAY['successful', 'running'], {far_future}, 1000"),
+            &["jobs_by_user_status"][..],
+        ),
+        (
+            "list_user_jobs in a tenant",
+            sql::LIST_USER_JOBS,
+            format!("'user-big', 'tenant-big', ARRAY['successful'], {far_future}, 1000"),
+            &["jobs_by_user_status"][..],
+        ),
+        (
+            "list_tenant_jobs",
+            sql::LIST_TENANT_JOBS,
+            format!("'tenant-big', ARRAY['successful', 'failed'], {far_future}, 1000"),
+            &["jobs_by_tenant_status"][..],
+        ),
+        ("get_jobs_steps", sql::GET_JOBS_STEPS, oldest.clone(), &[][..]),
+    ];
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        db.batch_execute(&format!("SET plan_cache_mode = {mode}")).await.expect("plan mode");
+        for (name, statement, arguments, indexes) in &statements {
+            let plan = plan(&db, statement, arguments).await;
+            assert_bounded_ranges(&format!("{name} ({mode})"), &plan, indexes);
+            for index in *indexes {
+                assert!(
+                    nodes(&plan).iter().any(|node| node["Index Name"] == *index),
+                    "{name} ({mode}) does not use {index}: {plan:#}"
+                );
+            }
+        }
+    }
+}

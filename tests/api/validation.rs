@@ -178,3 +178,55 @@ async fn unknown_and_malformed_job_ids_are_refused() {
     assert_refused(&app, response, 400, "invalid_query", &before).await;
     app.assert_consistent().await;
 }
+
+#[tokio::test]
+async fn bad_listing_and_waiting_parameters_are_refused_naming_the_parameter() {
+    let app = spawn_app().await;
+    let job = app.submit_simple("seed", "svc", 1, true).await;
+    let before = app.fingerprint().await;
+    let cases = [
+        (format!("/jobs/{job}/results?limit=0"), "limit"),
+        (format!("/jobs/{job}/results?limit=10001"), "limit"),
+        (format!("/jobs/{job}/results?limit=-1"), "limit"),
+        (format!("/jobs/{job}/results?limit=ten"), "limit"),
+        (format!("/jobs/{job}/results?cursor=7"), "cursor"),
+        (format!("/jobs/{job}/results?cursor=7.x"), "cursor"),
+        (format!("/jobs/{job}/results?cursor=-1.0"), "cursor"),
+        (format!("/jobs/{job}/results?page=2"), "page"),
+        (format!("/jobs/{job}/items?limit=100000"), "limit"),
+        (format!("/jobs/{job}/items?cursor=abc"), "cursor"),
+        (format!("/jobs/{job}/items?cursor=99999999999999999999"), "cursor"),
+        (format!("/jobs/{job}/items?status=done"), "status"),
+        (format!("/jobs/{job}/items?status=Ready"), "status"),
+        (format!("/jobs/{job}/items?step=-1"), "step"),
+        (format!("/jobs/{job}/items?step=first"), "step"),
+        ("/jobs?user=seed&limit=0".to_owned(), "limit"),
+        ("/jobs?user=seed&status=finished".to_owned(), "status"),
+        ("/jobs?user=seed&cursor=123".to_owned(), "cursor"),
+        ("/jobs?user=seed&cursor=123.not-a-uuid".to_owned(), "cursor"),
+        ("/jobs?user=seed&cursor=x.00000000-0000-0000-0000-000000000000".to_owned(), "cursor"),
+        ("/jobs?status=running".to_owned(), "user or a tenant"),
+        (format!("/jobs/{job}?wait=61"), "wait"),
+        (format!("/jobs/{job}?wait=-1"), "wait"),
+        (format!("/jobs/{job}?wait=1.5"), "wait"),
+        (format!("/jobs/{job}?wait=soon"), "wait"),
+    ];
+    for (path, parameter) in cases {
+        let response = app.get(&path).await;
+        let status = response.status();
+        let body: Value = response.json().await.expect("a JSON error body");
+        assert_eq!(status, 400, "GET {path}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_query", "GET {path}: {body}");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(message.contains(parameter), "GET {path} does not name {parameter}: {message}");
+        assert_eq!(app.fingerprint().await, before, "GET {path} changed the database");
+    }
+    let response = app.get("/jobs?user=").await;
+    assert_refused(&app, response, 400, "invalid_query", &before).await;
+    let response = app.get(&format!("/jobs?user={}", "x".repeat(256))).await;
+    assert_refused(&app, response, 400, "invalid_user", &before).await;
+    let response = app.get(&format!("/jobs/{}/results", uuid::Uuid::new_v4())).await;
+    assert_refused(&app, response, 404, "job_not_found", &before).await;
+    let response = app.get("/jobs/not-a-uuid/results").await;
+    assert_refused(&app, response, 400, "invalid_path", &before).await;
+}

@@ -68,11 +68,16 @@ async fn an_aggregating_step_waits_for_every_item_and_gets_all_results_in_order(
     assert_eq!(aggregate["step"], 1);
     assert_eq!(aggregate["inputs"], json!(["a1", "a2", "b", "c"]));
     assert!(app.claim("concat").await.is_none(), "exactly one aggregate item");
-    app.succeed(&aggregate, json!(["s3://out/merged.nc"])).await;
+    app.succeed(&aggregate, json!(["s3://out/merged.nc", "s3://out/merged.json"])).await;
 
     let document = app.job(job).await;
     assert_eq!(document["status"], "successful");
     assert_eq!(document["steps"][1]["successful"], 1);
+    // The job's results are the aggregate's, in the order its worker reported them.
+    let results: Value = app.get(&format!("/jobs/{job}/results")).await.json().await.expect("JSON");
+    assert_eq!(results["results"], json!(["s3://out/merged.nc", "s3://out/merged.json"]));
+    assert_eq!(results["errors"], json!([]));
+    assert_eq!(results["finished"], true);
     app.assert_consistent().await;
 }
 

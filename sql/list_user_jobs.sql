@@ -1,0 +1,18 @@
+-- User $1's jobs (only tenant $2's, unless NULL) whose status is one of $3, created before $4,
+-- or at $4 with an id below $5: the newest $6. One range of jobs_by_user_status per status,
+-- each stopped after $6 entries, merged.
+SELECT j.job_id, j.username, j.is_async, j.tenant, j.actor, j.status::text, j.created_at,
+       j.updated_at
+  FROM unnest($3::text[]::job_status[]) AS wanted(status)
+ CROSS JOIN LATERAL (
+       SELECT *
+         FROM jobs
+        WHERE jobs.username = $1
+          AND jobs.status = wanted.status
+          AND (jobs.created_at, jobs.job_id) < ($4, $5)
+          AND ($2::text IS NULL OR jobs.tenant = $2)
+        ORDER BY jobs.created_at DESC, jobs.job_id DESC
+        LIMIT $6
+       ) j
+ ORDER BY j.created_at DESC, j.job_id DESC
+ LIMIT $6;
