@@ -110,9 +110,11 @@ pub struct JobsCursor {
 impl JobsCursor {
     pub fn parse(cursor: &str) -> Result<Self, BrokerError> {
         let (micros, job_id) = cursor.split_once('.').ok_or_else(|| invalid_cursor(cursor))?;
+        // Between 1970 and 9999, which every job's created_at is and PostgreSQL can compare.
         let created_at = micros
             .parse::<i64>()
             .ok()
+            .filter(|micros| (0..=Self::start().created_at.timestamp_micros()).contains(micros))
             .and_then(DateTime::from_timestamp_micros)
             .ok_or_else(|| invalid_cursor(cursor))?;
         let job_id = Uuid::parse_str(job_id).map_err(|_| invalid_cursor(cursor))?;

@@ -205,6 +205,11 @@ async fn bad_listing_and_waiting_parameters_are_refused_naming_the_parameter() {
         ("/jobs?user=seed&cursor=123".to_owned(), "cursor"),
         ("/jobs?user=seed&cursor=123.not-a-uuid".to_owned(), "cursor"),
         ("/jobs?user=seed&cursor=x.00000000-0000-0000-0000-000000000000".to_owned(), "cursor"),
+        (
+            "/jobs?user=seed&cursor=-8000000000000000000.00000000-0000-0000-0000-000000000000"
+                .to_owned(),
+            "cursor",
+        ),
         ("/jobs?status=running".to_owned(), "user or a tenant"),
         (format!("/jobs/{job}?wait=61"), "wait"),
         (format!("/jobs/{job}?wait=-1"), "wait"),
