@@ -4,11 +4,19 @@
 CARGO ?= cargo
 # The throwaway cluster `make test` starts when DATABASE_URL is not set.
 TEST_PG_DATA ?= target/test-postgres
-# Test-only Python tools (the OpenAPI validator and Schemathesis), kept out of the system.
+# Test-only Python tools (tests/requirements.txt: the OpenAPI validator, Schemathesis, the
+# Prometheus parser, the manifests' validators), in a virtualenv under target/, kept out of the
+# system.
 PYTOOLS := target/pytools
 PYTOOLS_READY := $(PYTOOLS)/.installed
+# Debian's kubernetes-client (kubectl 1.20 and the old kustomize it carries, which the manifests
+# in k8s/ keep to), unpacked under target/ rather than installed: a machine's own kubectl, if
+# any, stays as it is.
+KUBECTL ?= target/kubernetes-client/usr/bin/kubectl
+# Where the tests find both.
+TEST_TOOLS = FAIRWAY_TEST_PYTHON=$(abspath $(PYTOOLS))/bin/python FAIRWAY_TEST_KUBECTL=$(abspath $(KUBECTL))
 
-.PHONY: run test lint bench bench-quick demo
+.PHONY: run test lint bench bench-quick demo k8s-validate
 
 ## Build and start the broker on 127.0.0.1:8080, on its private PostgreSQL unless DATABASE_URL is set.
 run:
@@ -16,19 +24,28 @@ run:
 
 ## Run every test against a real PostgreSQL: DATABASE_URL if set, else a throwaway cluster.
 test: export FAIRWAY_REQUIRE_TOOLS = 1
-test: $(PYTOOLS_READY)
+test: $(PYTOOLS_READY) $(KUBECTL)
 ifdef DATABASE_URL
-	$(CARGO) test --all-targets
+	$(TEST_TOOLS) $(CARGO) test --all-targets
 else
 	$(CARGO) build --bin fairway
-	./target/debug/fairway postgres --data-dir $(TEST_PG_DATA) --ephemeral -- $(CARGO) test --all-targets
+	$(TEST_TOOLS) ./target/debug/fairway postgres --data-dir $(TEST_PG_DATA) --ephemeral -- $(CARGO) test --all-targets
 endif
 
-$(PYTOOLS_READY): Makefile
+## Render and validate each overlay in k8s/ (the tests do this too, and check it against the binary).
+k8s-validate: $(PYTOOLS_READY) $(KUBECTL)
+	for dir in overlays/dev overlays/production autoscaling/hpa; do \
+		$(PYTOOLS)/bin/python tests/validate_manifests.py $(KUBECTL) k8s/$$dir >/dev/null || exit 1; \
+	done
+
+$(PYTOOLS_READY): tests/requirements.txt
 	python3 -m venv $(PYTOOLS)
-	$(PYTOOLS)/bin/pip install --quiet --disable-pip-version-check \
-		schemathesis==4.32.5 openapi-spec-validator==0.9.0
+	$(PYTOOLS)/bin/pip install --quiet --disable-pip-version-check -r tests/requirements.txt
 	touch $@
+
+$(KUBECTL):
+	rm -rf target/kubernetes-client && mkdir -p target/kubernetes-client
+	cd target/kubernetes-client && apt-get download kubernetes-client && dpkg-deb -x kubernetes-client_*.deb .
 
 ## Measure the broker beside its baselines (about 9 minutes on 2 cores); results in docs/bench/.
 bench:

@@ -251,6 +251,24 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub prune: PruneArgs,
+
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
+}
+
+/// What `GET /metrics` reports.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct MetricsArgs {
+    /// Most age of the queue gauges /metrics reads from the database (items per state, oldest
+    /// ready item, active users). However often Prometheus scrapes and however many brokers
+    /// there are, the database computes them at most once per this interval.
+    #[arg(long, env = "FAIRWAY_METRICS_REFRESH", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub metrics_refresh: Duration,
+
+    /// Label the per-queue metrics with the tenant too. Off by default: each tenant multiplies
+    /// the series Prometheus stores.
+    #[arg(long, env = "FAIRWAY_METRICS_TENANT_LABEL")]
+    pub metrics_tenant_label: bool,
 }
 
 /// How long finished jobs are kept, and how often the broker deletes older ones.

@@ -7,4 +7,5 @@ pub mod client;
 pub mod config;
 pub mod db;
 pub mod http;
+pub mod metrics;
 pub mod startup;

@@ -14,8 +14,8 @@ use std::time::Duration;
 use thiserror::Error;
 use tokio_postgres::NoTls;
 
-use crate::broker::{Broker, BrokerError, BrokerSettings, WorkSignals};
-use crate::config::{BenchArgs, BenchPath, DatabaseArgs, PruneArgs, ServeArgs};
+use crate::broker::{BrokerError, WorkSignals};
+use crate::config::{BenchArgs, BenchPath, DatabaseArgs, MetricsArgs, PruneArgs, ServeArgs};
 use crate::db::embedded::EmbeddedError;
 use crate::db::{self, DbError};
 use crate::startup::{self, Application, StartupError};
@@ -209,6 +209,10 @@ fn serve_args(args: &BenchArgs) -> ServeArgs {
         batches: args.batches,
         vacuum: args.vacuum,
         prune: PruneArgs { retention: Duration::ZERO, prune_interval: Duration::from_secs(60) },
+        metrics: MetricsArgs {
+            metrics_refresh: Duration::from_secs(5),
+            metrics_tenant_label: false,
+        },
     }
 }
 
@@ -235,18 +239,7 @@ async fn run_path(
     let mut upkeep = Vec::new();
     let runner = match path {
         BenchPath::Fair => {
-            let broker = Broker::new(
-                pool.clone(),
-                BrokerSettings {
-                    lease: Duration::from_secs(300),
-                    max_retries: 3,
-                    querier_forget_delay: Duration::from_secs(60),
-                    batch_lanes: args.batches.batch_lanes.into(),
-                    batch_max: args.batches.batch_max.into(),
-                    long_poll_max: Duration::from_secs(60),
-                },
-                WorkSignals::default(),
-            );
+            let broker = startup::broker(pool.clone(), &serve_args(args), WorkSignals::default())?;
             // With the upkeep `serve` runs beside it, as in production.
             upkeep = startup::maintain(&broker, &serve_args(args));
             Runner::Fair(broker)

@@ -8,6 +8,7 @@ use super::model::{ClaimRequest, WorkItem};
 use super::rows;
 use super::{Broker, BrokerError};
 use crate::db::sql::{self, CLAIM_ITEMS, HAS_CLAIMABLE_WORK, VACUUM_FAIR_ORDER};
+use crate::metrics::{ClaimOutcome, ClaimedItem};
 
 /// How long a claim that found every user with work busy waits for a release signalled in
 /// this process before it looks again anyway (other brokers' releases are not signalled here).
@@ -61,7 +62,10 @@ impl Broker {
 
     /// Looks for work for every request of a batch in one transaction.
     async fn look_in_batch(self, requests: Vec<ClaimRequest>) -> Vec<Result<Look, BrokerError>> {
-        answer_each(&requests, |batch| self.claim_batch(batch)).await
+        let started = Instant::now();
+        let looks = answer_each(&requests, |batch| self.claim_batch(batch)).await;
+        self.metrics.claim_batch(requests.len(), started.elapsed());
+        looks
     }
 
     /// One statement, so one transaction, for the whole batch; then, for each request that got
@@ -82,6 +86,7 @@ impl Broker {
         let mut states: Vec<Option<String>> = vec![None; requests.len()];
         let claimed = sql::query(&client, CLAIM_ITEMS, params).await?;
         self.claims_committed.notify_waiters();
+        let lease = chrono::Duration::milliseconds(lease);
         for row in claimed {
             let request = batch_index(&row, "request", requests.len())?;
             states[request] = row.try_get("querier_state")?;
@@ -89,6 +94,16 @@ impl Broker {
                 items[request].push(rows::work_item(&row, services[request])?);
             }
         }
+        // Only a first attempt is known to have waited since its creation; a retry's wait
+        // began when its previous attempt ended, which the item does not keep.
+        self.metrics.claimed(items.iter().flatten().filter(|item| item.attempt == 1).map(|item| {
+            ClaimedItem {
+                id: item.id.0,
+                service: item.service.clone(),
+                tenant: item.tenant.clone(),
+                claimed_at: item.lease_expires_at - lease,
+            }
+        }));
         let mut looks = Vec::with_capacity(requests.len());
         for ((request, items), state) in requests.iter().zip(items).zip(states) {
             looks.push(match state.as_deref() {
@@ -115,6 +130,17 @@ impl Broker {
     /// Like `claim`, but when nothing is ready waits up to `wait` for work of the service to
     /// appear, woken by the database's notifications rather than by polling.
     pub async fn claim_waiting(
+        &self,
+        request: &ClaimRequest,
+        wait: Duration,
+    ) -> Result<Vec<WorkItem>, BrokerError> {
+        let items = self.wait_for_claim(request, wait).await?;
+        let outcome = if items.is_empty() { ClaimOutcome::Empty } else { ClaimOutcome::Item };
+        self.metrics.claim_answered(request.service.as_str(), outcome);
+        Ok(items)
+    }
+
+    async fn wait_for_claim(
         &self,
         request: &ClaimRequest,
         wait: Duration,

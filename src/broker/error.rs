@@ -35,6 +35,10 @@ pub enum BrokerError {
     #[error("the request's batch was lost before it was answered")]
     BatchLost,
 
+    /// The metrics could not be encoded (a bug: a metric with labels it was not made with).
+    #[error("encoding the metrics failed: {0}")]
+    Metrics(String),
+
     /// PostgreSQL answered with an error this code did not expect.
     #[error("database error: {}", describe(.0))]
     Database(#[source] tokio_postgres::Error),

@@ -16,6 +16,7 @@ use crate::db::sql::{
     INSERT_FIRST_STEP_ITEMS, INSERT_JOB, INSERT_JOB_STEPS, LOCK_JOB_OWNER, LOCK_TENANT_LIMIT,
     LOCK_USER, NOTIFY_JOB_FINISHED, NOTIFY_WORK_READY, SET_JOB_PAUSED, SET_JOB_STATUS,
 };
+use crate::metrics::Finish;
 
 /// Changes to a job step's item counts, applied with `apply_step_deltas.sql`.
 #[derive(Debug, Default, Clone, Copy)]
@@ -223,11 +224,13 @@ impl Broker {
             _ => {}
         }
         let mut tenant_deltas = TenantDeltas::default();
+        let mut canceled = Vec::new();
         for row in sql::query(&tx, CANCEL_JOB_ITEMS, &[&job_id.0]).await? {
             let step: i32 = row.try_get("step_index")?;
             let component: String = row.try_get("component")?;
             let ready: i32 = row.try_get("ready")?;
             let running: i32 = row.try_get("running")?;
+            canceled.push((step, ready + running));
             let deltas = StepDeltas {
                 ready: -ready,
                 running: -running,
@@ -242,6 +245,13 @@ impl Broker {
         sql::execute(&tx, NOTIFY_JOB_FINISHED, &[&job_id.0]).await?;
         let job = read_job(&tx, job_id).await?;
         tx.commit().await?;
+        for (step, count) in canceled {
+            let service = usize::try_from(step).ok().and_then(|step| job.steps.get(step));
+            if let Some(step) = service {
+                let count = u64::try_from(count).unwrap_or(0);
+                self.metrics.finished(&step.service, &job.tenant, Finish::Canceled, count);
+            }
+        }
         Ok(job)
     }
 }

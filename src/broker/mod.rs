@@ -9,6 +9,7 @@ mod jobs;
 pub mod listing;
 pub mod membership;
 pub mod model;
+mod observe;
 mod outcome;
 pub mod pruning;
 mod rows;
@@ -22,6 +23,7 @@ use deadpool_postgres::{Object, Pool};
 use tokio::sync::Notify;
 
 use crate::db::sql;
+use crate::metrics::Metrics;
 use batch::Batches;
 use claim::Look;
 pub use error::BrokerError;
@@ -58,14 +60,20 @@ pub struct Broker {
     /// Each claim batch of this broker that committed: it released the users rows it held,
     /// which deferred endings wait for.
     claims_committed: Arc<Notify>,
+    metrics: Arc<Metrics>,
 }
 
 impl Broker {
-    pub fn new(pool: Pool, settings: BrokerSettings, signals: WorkSignals) -> Self {
+    pub fn new(
+        pool: Pool,
+        settings: BrokerSettings,
+        signals: WorkSignals,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let (lanes, most) = (settings.batch_lanes, settings.batch_max);
         let (claims, endings) = (Batches::new(lanes, most), Batches::new(lanes, most));
         let claims_committed = Arc::new(Notify::new());
-        Self { pool, settings, signals, claims, endings, claims_committed }
+        Self { pool, settings, signals, claims, endings, claims_committed, metrics }
     }
 
     async fn client(&self) -> Result<Object, BrokerError> {

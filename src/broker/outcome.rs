@@ -14,6 +14,7 @@ use crate::db::sql::{
     self, DESCRIBE_ITEM, EXTEND_LEASE, FIND_EXPIRED_LEASES, FINISH_ITEMS, INSERT_AGGREGATE_ITEM,
     INSERT_NEXT_STEP_ITEMS, PLAN_AGGREGATE_ITEM, REFRESH_JOB_STATUS,
 };
+use crate::metrics::{BatchKind, Finish};
 
 /// How an attempt ended, as recorded on the item.
 #[derive(Clone)]
@@ -26,6 +27,8 @@ enum Ending {
 /// (it may have released its last lease).
 struct Ended {
     service: String,
+    tenant: String,
+    status: ItemStatus,
     querier_leaving: bool,
 }
 
@@ -140,6 +143,7 @@ impl Broker {
 
     /// Ends the attempts of a batch in one transaction.
     async fn end_in_batch(self, endings: Vec<AttemptEnding>) -> Vec<Result<Answer, BrokerError>> {
+        self.metrics.batch(BatchKind::Ending, endings.len());
         answer_each(&endings, |batch| self.end_batch(batch, LeaseCondition::Any, Owners::SkipHeld))
             .await
     }
@@ -233,6 +237,15 @@ impl Broker {
         // what follows must not turn them into errors.
         for ended in &released {
             self.signals.for_service(&ended.service).release_one();
+            let finish = match ended.status {
+                ItemStatus::Ready => Finish::Retried,
+                ItemStatus::Failed => Finish::Failed,
+                _ => Finish::Successful,
+            };
+            self.metrics.finished(&ended.service, &ended.tenant, finish, 1);
+            if condition == LeaseCondition::Expired {
+                self.metrics.lease_expired(&ended.service);
+            }
         }
         if released.iter().any(|ended| ended.querier_leaving) {
             if let Err(error) = self.retire_queriers().await {
@@ -269,8 +282,9 @@ impl Broker {
                 maybe_done.push(job.0);
             }
             let service: String = row.try_get("service")?;
+            let tenant: String = row.try_get("tenant")?;
             let querier_leaving: bool = row.try_get("querier_leaving")?;
-            released.push(Ended { service, querier_leaving });
+            released.push(Ended { service, tenant, status, querier_leaving });
             outcomes[index] = Some(Ok(Answer::Applied(status)));
         }
         let mut answers = Vec::with_capacity(endings.len());

@@ -35,6 +35,7 @@ statements! {
     GET_JOB = "get_job";
     GET_JOBS_STEPS = "get_jobs_steps";
     HAS_CLAIMABLE_WORK = "has_claimable_work";
+    ITEM_CREATION_TIMES = "item_creation_times";
     INSERT_AGGREGATE_ITEM = "insert_aggregate_item";
     INSERT_FIRST_STEP_ITEMS = "insert_first_step_items";
     INSERT_JOB = "insert_job";
@@ -61,6 +62,7 @@ statements! {
     PRUNE_JOBS = "prune_jobs";
     RECOUNT_TENANT_RUNNING = "recount_tenant_running";
     REFRESH_JOB_STATUS = "refresh_job_status";
+    REFRESH_METRICS = "refresh_metrics";
     RESHARD_TENANTS = "reshard_tenants";
     RETIRE_QUERIERS = "retire_queriers";
     RETIRE_TENANT_QUEUES = "retire_tenant_queues";

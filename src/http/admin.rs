@@ -30,6 +30,7 @@ pub fn routes(config: &mut web::ServiceConfig) {
                 .route(web::get().to(tenant))
                 .route(web::put().to(set_tenant)),
         )
+        .service(endpoint("/metrics").route(web::get().to(metrics)))
         .service(endpoint("/healthz").route(web::get().to(healthz)))
         .service(endpoint("/readyz").route(web::get().to(readyz)));
 }
@@ -212,6 +213,16 @@ pub struct WaitingWorkers {
     responses((status = 200, description = "Per service.", body = WaitingWorkers)))]
 async fn waiting_workers(broker: web::Data<Broker>) -> HttpResponse {
     HttpResponse::Ok().json(WaitingWorkers { services: broker.waiting_workers() })
+}
+
+/// Prometheus metrics, in the text exposition format; the queue gauges are at most
+/// --metrics-refresh old.
+#[utoipa::path(get, path = "/metrics", tag = "probes",
+    responses((status = 200, description = "Every metric, in Prometheus' text format.",
+        content_type = "text/plain", body = String)))]
+async fn metrics(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+    let text = broker.metrics_text().await?;
+    Ok(HttpResponse::Ok().content_type(crate::metrics::content_type()).body(text))
 }
 
 /// A probe's answer.

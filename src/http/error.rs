@@ -57,7 +57,9 @@ impl ApiError {
             Self::Broker(BrokerError::TooManyOutstanding(_)) => "too_many_outstanding",
             Self::Broker(BrokerError::QuerierShuttingDown(_)) => "querier_shutting_down",
             Self::Broker(BrokerError::Unavailable(_)) => "database_unavailable",
-            Self::Broker(BrokerError::Database(_) | BrokerError::BatchLost) => "internal_error",
+            Self::Broker(
+                BrokerError::Database(_) | BrokerError::BatchLost | BrokerError::Metrics(_),
+            ) => "internal_error",
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::NoSuchRoute { .. } => "not_found",
             Self::WrongMethod { .. } => "method_not_allowed",
@@ -76,9 +78,9 @@ impl ResponseError for ApiError {
             Self::Broker(BrokerError::TooManyOutstanding(_)) => StatusCode::TOO_MANY_REQUESTS,
             Self::Broker(BrokerError::QuerierShuttingDown(_)) => StatusCode::GONE,
             Self::Broker(BrokerError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Broker(BrokerError::Database(_) | BrokerError::BatchLost) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            Self::Broker(
+                BrokerError::Database(_) | BrokerError::BatchLost | BrokerError::Metrics(_),
+            ) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::NoSuchRoute { .. } => StatusCode::NOT_FOUND,
             Self::WrongMethod { .. } => StatusCode::METHOD_NOT_ALLOWED,

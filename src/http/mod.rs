@@ -7,11 +7,15 @@ mod producers;
 mod workers;
 
 use std::str::FromStr;
+use std::time::Instant;
 
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::middleware::Next;
 use actix_web::web;
 
 use crate::broker::listing::PageLimit;
-
+use crate::broker::Broker;
 use error::{json_error, path_error, query_error, ApiError};
 
 /// The answer for a path no route matches: a JSON error like every other.
@@ -73,4 +77,20 @@ pub fn configure(max_body_bytes: usize) -> impl FnOnce(&mut web::ServiceConfig) 
             .configure(admin::routes)
             .configure(openapi::routes);
     }
+}
+
+/// Counts and times every request by its route pattern (`/work/{id}/status`, never the path
+/// with the id in it), and by status code; a path no route matches counts as `unmatched`.
+pub async fn observe(
+    request: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let started = Instant::now();
+    let route = request.match_pattern().unwrap_or_else(|| "unmatched".to_owned());
+    let broker = request.app_data::<web::Data<Broker>>().cloned();
+    let response = next.call(request).await?;
+    if let Some(broker) = broker {
+        broker.metrics().http_request(&route, response.status().as_u16(), started.elapsed());
+    }
+    Ok(response)
 }

@@ -32,6 +32,7 @@ use super::{admin, error, producers, workers};
         admin::tenants,
         admin::tenant,
         admin::set_tenant,
+        admin::metrics,
         admin::healthz,
         admin::readyz,
     ),
@@ -41,7 +42,7 @@ use super::{admin, error, producers, workers};
         (name = "producers", description = "Submit jobs and steer them."),
         (name = "workers", description = "Ask for work and report on it."),
         (name = "admin", description = "What operators look at and set."),
-        (name = "probes", description = "Liveness and readiness."),
+        (name = "probes", description = "Liveness, readiness and metrics."),
     ),
 )]
 struct ApiDoc;

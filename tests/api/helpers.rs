@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use fairway::config::{BatchArgs, DatabaseArgs, PruneArgs, ServeArgs, VacuumArgs};
+use fairway::config::{BatchArgs, DatabaseArgs, MetricsArgs, PruneArgs, ServeArgs, VacuumArgs};
 use fairway::startup::Application;
 use reqwest::{Response, StatusCode};
 use serde_json::{json, Value};
@@ -147,6 +147,10 @@ pub fn default_args() -> ServeArgs {
         vacuum: VacuumArgs { vacuum_interval: Duration::ZERO },
         // Off, so that no test's jobs go under it; tests/api/pruning.rs prunes when it means to.
         prune: PruneArgs { retention: Duration::ZERO, prune_interval: Duration::from_secs(60) },
+        metrics: MetricsArgs {
+            metrics_refresh: Duration::from_secs(5),
+            metrics_tenant_label: false,
+        },
     }
 }
 

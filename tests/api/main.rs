@@ -9,6 +9,7 @@ mod helpers;
 mod leases;
 mod lifecycle;
 mod longpoll;
+mod metrics;
 mod plans;
 mod pruning;
 mod results;

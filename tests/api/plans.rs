@@ -222,6 +222,8 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
         (row.get(0), row.get(1), row.get(2))
     };
 
+    assert_metrics_gauges_probe_the_backlog(&db).await;
+
     let statements = [
         ("count_outstanding", sql::COUNT_OUTSTANDING, "'tenant-7'".to_owned()),
         ("has_claimable_work", sql::HAS_CLAIMABLE_WORK, "'svc', 'pod-0'".to_owned()),
@@ -289,6 +291,38 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
             );
         }
     }
+}
+
+/// The queue gauges of /metrics, taken afresh ($1 = 0): they read the backlog only by probes of
+/// the ready and leases indexes, one per step with ready items and one per running item, and
+/// the paused steps by their partial index. The counter tables (service_users, user_work) they
+/// may read whole, as here where every step of user_work has ready items; where finished steps
+/// outnumber them, user_work_claimable lists those that do.
+async fn assert_metrics_gauges_probe_the_backlog(db: &tokio_postgres::Client) {
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        db.batch_execute(&format!("SET plan_cache_mode = {mode}")).await.expect("plan mode");
+        let plan = plan(db, sql::REFRESH_METRICS, "0").await;
+        let mut indexes = BTreeSet::new();
+        for node in nodes(&plan) {
+            if node["Relation Name"] == "work_items" {
+                let probe = ["work_items_ready", "work_items_leases"]
+                    .iter()
+                    .any(|index| node["Index Name"] == *index);
+                assert!(probe, "the gauges read work_items otherwise ({mode}): {plan:#}");
+            }
+            indexes.extend(node["Index Name"].as_str());
+        }
+        for expected in ["work_items_ready", "work_items_leases", "user_work_paused"] {
+            assert!(
+                indexes.contains(expected),
+                "the gauges ({mode}) do not use {expected}: {plan:#}"
+            );
+        }
+    }
+    db.batch_execute("RESET plan_cache_mode").await.expect("plan mode");
+    let started = Instant::now();
+    db.query_one(sql::REFRESH_METRICS, &[&0_i64]).await.expect("take the gauges");
+    eprintln!("the queue gauges took {:?} at a million items", started.elapsed());
 }
 
 /// At a thousand jobs the planner finds reading all of them about as cheap as probing a batch's
