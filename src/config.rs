@@ -11,6 +11,17 @@ use clap::{Args, Parser, Subcommand};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+
+    /// How log lines are written to standard output: `text`, for people (coloured only on a
+    /// terminal), or `json`, one object per line, for a cluster's log collector.
+    #[arg(long, global = true, env = "FAIRWAY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -234,6 +245,12 @@ pub struct ServeArgs {
     #[arg(long, env = "FAIRWAY_QUERIER_FORGET_DELAY", default_value = "1m", value_parser = humantime::parse_duration)]
     pub querier_forget_delay: Duration,
 
+    /// How long the broker takes to stop on SIGTERM or SIGINT, at most. It answers 503 on
+    /// /readyz and 204 to waiting long polls at once, starts no claim, lets the transactions in
+    /// flight commit and answer, then exits; what is still running after this long is cut off.
+    #[arg(long, env = "FAIRWAY_SHUTDOWN_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
+    pub shutdown_timeout: Duration,
+
     /// Largest request body accepted, in bytes; larger bodies get 413.
     #[arg(long, env = "FAIRWAY_MAX_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_body_bytes: usize,
@@ -342,6 +359,11 @@ pub struct DatabaseArgs {
     /// [default: the newest /usr/lib/postgresql/*/bin, else the PATH].
     #[arg(long, env = "FAIRWAY_PG_BIN")]
     pub pg_bin: Option<PathBuf>,
+
+    /// Never start a private PostgreSQL server: without a database URL, refuse to start. The
+    /// container image sets it, since a cluster's broker must use the cluster's database.
+    #[arg(long, env = "FAIRWAY_NO_EMBEDDED_POSTGRES")]
+    pub no_embedded_postgres: bool,
 
     /// Connections in the broker's database pool.
     #[arg(long, env = "FAIRWAY_DB_POOL_SIZE", default_value_t = 32)]

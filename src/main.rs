@@ -1,7 +1,8 @@
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use fairway::config::{Cli, Command, ServeArgs};
+use fairway::config::{Cli, Command, LogFormat, ServeArgs};
 use fairway::db::embedded;
 use fairway::startup::Application;
 use tracing_subscriber::EnvFilter;
@@ -11,12 +12,16 @@ const EMBEDDED_DATABASE: &str = "fairway";
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
+    let cli = Cli::parse();
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
-        .init();
-    let cli = Cli::parse();
+        .with_ansi(std::io::stdout().is_terminal());
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().flatten_event(true).with_current_span(false).init(),
+    }
     let outcome = match cli.command {
         Command::Serve(args) => serve(args).await,
         Command::Bench(args) => fairway::bench::run(args).await.map_err(|error| error.to_string()),

@@ -2,6 +2,7 @@
 
 use std::net::TcpListener;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use actix_web::dev::Server;
 use actix_web::{web, App, HttpServer};
@@ -12,13 +13,14 @@ use tokio::task::JoinHandle;
 use crate::broker::{Broker, BrokerSettings, WorkSignals};
 use crate::config::{PruneArgs, ServeArgs};
 use crate::db::{self, DbError};
+use crate::http::Traffic;
 use crate::metrics::Metrics;
 
 /// Expired leases examined per reaper pass.
 const REAP_BATCH: i64 = 500;
 
 /// How often the queue waits of claimed items are read.
-const QUEUE_WAIT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+const QUEUE_WAIT_INTERVAL: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Error)]
 pub enum StartupError {
@@ -35,6 +37,8 @@ pub struct Application {
     server: Server,
     port: u16,
     broker: Broker,
+    traffic: web::Data<Traffic>,
+    shutdown_timeout: Duration,
     background: Vec<JoinHandle<()>>,
 }
 
@@ -59,19 +63,25 @@ impl Application {
             .map_err(|source| StartupError::Bind { address: args.bind.to_string(), source })?
             .port();
         let data = web::Data::new(broker.clone());
+        let traffic = web::Data::new(Traffic::default());
+        let shared_traffic = traffic.clone();
         let max_body_bytes = args.max_body_bytes;
         let server = HttpServer::new(move || {
             App::new()
-                .wrap(request_log())
                 .wrap(actix_web::middleware::from_fn(crate::http::observe))
                 .app_data(data.clone())
+                .app_data(shared_traffic.clone())
                 .configure(crate::http::configure(max_body_bytes))
                 .default_service(web::to(crate::http::no_such_route))
         })
+        // The broker handles the signals itself, to drain before the listener closes.
+        .disable_signals()
+        .shutdown_timeout(args.shutdown_timeout.as_secs())
         .listen(listener)
         .map_err(|source| StartupError::Bind { address: args.bind.to_string(), source })?
         .run();
-        Ok(Self { server, port, broker, background })
+        let shutdown_timeout = args.shutdown_timeout;
+        Ok(Self { server, port, broker, traffic, shutdown_timeout, background })
     }
 
     pub fn port(&self) -> u16 {
@@ -87,18 +97,63 @@ impl Application {
         &self.broker
     }
 
-    /// Serves until the server is stopped (SIGINT or SIGTERM), then stops background tasks.
+    /// Serves until the server is stopped, by its handle or by SIGTERM or SIGINT, then stops
+    /// background tasks. A signal drains the broker first (see `stop_gracefully`).
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        let result = self.server.await;
-        for task in self.background {
+        let Self { server, broker, traffic, shutdown_timeout, background, .. } = self;
+        let handle = server.handle();
+        let mut serving = tokio::spawn(server);
+        let served = tokio::select! {
+            served = &mut serving => served,
+            signal = termination() => {
+                let deadline = Instant::now() + shutdown_timeout;
+                tracing::info!(signal = signal?, timeout = ?shutdown_timeout, "stopping");
+                stop_gracefully(&broker, &traffic, &handle, deadline).await;
+                serving.await
+            }
+        };
+        for task in background {
             task.abort();
         }
-        result
+        served.map_err(std::io::Error::other)?
     }
 }
 
-fn request_log() -> actix_web::middleware::Logger {
-    actix_web::middleware::Logger::new("%r %s %Dms")
+/// How long without a request a stopping broker waits for before it closes its listener.
+const QUIET: Duration = Duration::from_millis(250);
+
+/// Stops handing out work at once (/readyz answers 503, waiting long polls 204, no claim
+/// starts), keeps answering the rest until requests settle, then closes the listener and waits
+/// for the requests in flight, until `deadline` at the latest. Reports that end attempts are
+/// applied until the listener closes; one sent later is refused a connection, and the worker
+/// sends it to another broker.
+async fn stop_gracefully(
+    broker: &Broker,
+    traffic: &Traffic,
+    handle: &actix_web::dev::ServerHandle,
+    deadline: Instant,
+) {
+    broker.drain();
+    // A quarter of the time, up to a second, is left for the requests in flight.
+    let left = deadline.saturating_duration_since(Instant::now());
+    let settle_by = deadline - (left / 4).min(Duration::from_secs(1));
+    while Instant::now() < settle_by && !traffic.settled(QUIET).await {}
+    tracing::info!("drained; closing the listener");
+    if tokio::time::timeout_at(deadline.into(), handle.stop(true)).await.is_err() {
+        tracing::warn!("requests still in flight at the shutdown timeout; cutting them off");
+        handle.stop(false).await;
+    }
+}
+
+/// The name of the first SIGTERM or SIGINT.
+async fn termination() -> std::io::Result<&'static str> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(tokio::select! {
+        _ = terminate.recv() => "SIGTERM",
+        _ = interrupt.recv() => "SIGINT",
+    })
 }
 
 /// The broker `serve` runs, with its settings and metrics from `args`.
@@ -135,7 +190,7 @@ pub fn maintain(broker: &Broker, args: &ServeArgs) -> Vec<JoinHandle<()>> {
 
 /// On a fixed cadence: expires leases, retires and forgets queriers, and tidies the tenant
 /// level of the fair order. Several brokers may run this at once.
-async fn reap(broker: Broker, interval: std::time::Duration) {
+async fn reap(broker: Broker, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -180,7 +235,7 @@ async fn record_queue_waits(broker: Broker) {
     }
 }
 
-async fn vacuum(broker: Broker, interval: std::time::Duration) {
+async fn vacuum(broker: Broker, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

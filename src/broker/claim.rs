@@ -38,6 +38,9 @@ impl Broker {
         let signal = self.signals.for_service(request.service.as_str());
         let deadline = Instant::now() + CONTENDED_LIMIT;
         loop {
+            if self.is_draining() {
+                return Ok(Vec::new());
+            }
             let mut released = pin!(signal.released());
             released.as_mut().enable();
             match self.look_for_work(request).await? {
@@ -62,6 +65,9 @@ impl Broker {
 
     /// Looks for work for every request of a batch in one transaction.
     async fn look_in_batch(self, requests: Vec<ClaimRequest>) -> Vec<Result<Look, BrokerError>> {
+        if self.is_draining() {
+            return requests.iter().map(|_| Ok(Look::Nothing)).collect();
+        }
         let started = Instant::now();
         let looks = answer_each(&requests, |batch| self.claim_batch(batch)).await;
         self.metrics.claim_batch(requests.len(), started.elapsed());
@@ -160,8 +166,13 @@ impl Broker {
             let touch_every = Duration::from_millis(self.touch_every_millis().unsigned_abs());
             loop {
                 let until = deadline.min(Instant::now() + touch_every);
-                if tokio::time::timeout_at(until, notified.as_mut()).await.is_ok() {
-                    break;
+                tokio::select! {
+                    woken = tokio::time::timeout_at(until, notified.as_mut()) => {
+                        if woken.is_ok() {
+                            break;
+                        }
+                    }
+                    () = self.drained() => return Ok(items),
                 }
                 self.touch(request.querier.as_str()).await?;
                 if Instant::now() >= deadline {

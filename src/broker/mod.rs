@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 
 use crate::db::sql;
 use crate::metrics::Metrics;
@@ -61,6 +61,8 @@ pub struct Broker {
     /// which deferred endings wait for.
     claims_committed: Arc<Notify>,
     metrics: Arc<Metrics>,
+    /// Set once the broker is stopping: it starts no claim, and waiting claims answer at once.
+    draining: Arc<watch::Sender<bool>>,
 }
 
 impl Broker {
@@ -73,7 +75,8 @@ impl Broker {
         let (lanes, most) = (settings.batch_lanes, settings.batch_max);
         let (claims, endings) = (Batches::new(lanes, most), Batches::new(lanes, most));
         let claims_committed = Arc::new(Notify::new());
-        Self { pool, settings, signals, claims, endings, claims_committed, metrics }
+        let draining = Arc::new(watch::Sender::new(false));
+        Self { pool, settings, signals, claims, endings, claims_committed, metrics, draining }
     }
 
     async fn client(&self) -> Result<Object, BrokerError> {
@@ -110,6 +113,24 @@ impl Broker {
     /// How many producers this broker holds waiting for a job to finish right now.
     pub fn job_waiters(&self) -> usize {
         self.signals.job_waiters()
+    }
+
+    /// Stops handing out work, for a graceful shutdown: claims that wait answer with nothing at
+    /// once, and no claim transaction starts; those running commit and answer. Reports that
+    /// end attempts are still applied.
+    pub fn drain(&self) {
+        self.draining.send_replace(true);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        *self.draining.borrow()
+    }
+
+    /// Completes once the broker drains.
+    async fn drained(&self) {
+        let mut draining = self.draining.subscribe();
+        // The sender lives as long as this broker, so waiting cannot fail.
+        let _ = draining.wait_for(|draining| *draining).await;
     }
 
     /// Whether the database answers.

@@ -53,6 +53,13 @@ pub enum DbError {
     FunctionFile { name: &'static str, source: tokio_postgres::Error },
     #[error(transparent)]
     Postgres(#[from] tokio_postgres::Error),
+    #[error(
+        "DATABASE_URL is required: this broker starts no PostgreSQL of its own \
+         (FAIRWAY_NO_EMBEDDED_POSTGRES is set, as in the container image). Set DATABASE_URL (or \
+         --database-url) to the database's connection string, e.g. from the CloudNativePG \
+         cluster's app Secret"
+    )]
+    UrlRequired,
     #[error("{0}\n(or set DATABASE_URL to use an existing PostgreSQL)")]
     PrivateServer(Box<EmbeddedError>),
 }
@@ -71,6 +78,9 @@ pub async fn connect_or_start(
 ) -> Result<(tokio_postgres::Config, Option<EmbeddedPostgres>), DbError> {
     if let Some(url) = &args.url {
         return Ok((pool::parse_config(url)?, None));
+    }
+    if args.no_embedded_postgres {
+        return Err(DbError::UrlRequired);
     }
     let server = EmbeddedPostgres::start(args.data_dir.as_deref(), args.pg_bin.as_deref()).await?;
     server.create_database_if_missing(dbname).await?;

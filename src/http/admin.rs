@@ -243,6 +243,9 @@ async fn healthz() -> HttpResponse {
 #[utoipa::path(get, path = "/readyz", tag = "probes",
     responses((status = 200, description = "Ready to serve.", body = Health)))]
 async fn readyz(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+    if broker.is_draining() {
+        return Err(ApiError::ShuttingDown);
+    }
     broker.ping().await?;
     Ok(HttpResponse::Ok().json(Health { status: "ready" }))
 }

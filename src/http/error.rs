@@ -41,6 +41,10 @@ pub enum ApiError {
 
     #[error("{path} does not take {method}")]
     WrongMethod { method: String, path: String },
+
+    /// The broker is stopping: send the request to another one.
+    #[error("this broker is shutting down")]
+    ShuttingDown,
 }
 
 impl ApiError {
@@ -63,6 +67,7 @@ impl ApiError {
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::NoSuchRoute { .. } => "not_found",
             Self::WrongMethod { .. } => "method_not_allowed",
+            Self::ShuttingDown => "shutting_down",
         }
     }
 }
@@ -84,6 +89,7 @@ impl ResponseError for ApiError {
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::NoSuchRoute { .. } => StatusCode::NOT_FOUND,
             Self::WrongMethod { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 

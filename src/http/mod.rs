@@ -7,12 +7,17 @@ mod producers;
 mod workers;
 
 use std::str::FromStr;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header::{HeaderName, HeaderValue};
+use actix_web::http::ConnectionType;
 use actix_web::middleware::Next;
 use actix_web::web;
+
+use uuid::Uuid;
 
 use crate::broker::listing::PageLimit;
 use crate::broker::Broker;
@@ -79,18 +84,84 @@ pub fn configure(max_body_bytes: usize) -> impl FnOnce(&mut web::ServiceConfig) 
     }
 }
 
-/// Counts and times every request by its route pattern (`/work/{id}/status`, never the path
-/// with the id in it), and by status code; a path no route matches counts as `unmatched`.
+/// Requests this server is answering, and how many it has started: a stopping broker waits
+/// for them to settle before it closes its listener.
+#[derive(Default)]
+pub struct Traffic {
+    in_flight: AtomicUsize,
+    started: AtomicU64,
+}
+
+impl Traffic {
+    /// Whether no request was in flight or started for `quiet`.
+    pub async fn settled(&self, quiet: Duration) -> bool {
+        let before = self.started.load(Ordering::SeqCst);
+        tokio::time::sleep(quiet).await;
+        self.in_flight.load(Ordering::SeqCst) == 0 && self.started.load(Ordering::SeqCst) == before
+    }
+}
+
+/// Decrements the in-flight count however the request ends, a dropped connection included.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Around every request: gives it a request id (the caller's `X-Request-Id` when it sends a
+/// usable one), returned in `X-Request-Id`; logs one line with its route pattern, status and
+/// duration; counts and times it for /metrics by route pattern (`/work/{id}/status`, never the
+/// path with the id in it; `unmatched` for no route). While the broker stops, every answer
+/// closes its connection, so that the client's next request goes to a broker that stays.
 pub async fn observe(
     request: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let started = Instant::now();
     let route = request.match_pattern().unwrap_or_else(|| "unmatched".to_owned());
+    let request_id = request
+        .headers()
+        .get(REQUEST_ID)
+        .and_then(|value| value.to_str().ok())
+        .filter(|id| (1..=MAX_REQUEST_ID).contains(&id.len()))
+        .map(str::to_owned)
+        .unwrap_or_else(|| Uuid::new_v4().to_string());
+    let (method, path) = (request.method().to_string(), request.path().to_owned());
     let broker = request.app_data::<web::Data<Broker>>().cloned();
-    let response = next.call(request).await?;
-    if let Some(broker) = broker {
-        broker.metrics().http_request(&route, response.status().as_u16(), started.elapsed());
+    let traffic = request.app_data::<web::Data<Traffic>>().cloned();
+    let _in_flight = traffic.as_ref().map(|traffic| {
+        traffic.started.fetch_add(1, Ordering::SeqCst);
+        traffic.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(&traffic.in_flight)
+    });
+    let mut response = next.call(request).await?;
+    let took = started.elapsed();
+    let status = response.status().as_u16();
+    if let Ok(value) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert(HeaderName::from_static(REQUEST_ID), value);
     }
+    if let Some(broker) = broker {
+        broker.metrics().http_request(&route, status, took);
+        if broker.is_draining() {
+            response.response_mut().head_mut().set_connection_type(ConnectionType::Close);
+        }
+    }
+    tracing::info!(
+        request_id,
+        method,
+        route,
+        path,
+        status,
+        duration_ms = took.as_secs_f64() * 1000.0,
+        "request"
+    );
     Ok(response)
 }
+
+/// The header that carries a request's id, both ways.
+const REQUEST_ID: &str = "x-request-id";
+
+/// Longest request id taken from a caller; a longer one is replaced.
+const MAX_REQUEST_ID: usize = 128;

@@ -135,11 +135,18 @@ async fn create_database(url: &str, options: &str) -> tokio_postgres::Config {
 pub fn default_args() -> ServeArgs {
     ServeArgs {
         bind: "127.0.0.1:0".parse().expect("address"),
-        database: DatabaseArgs { url: None, data_dir: None, pg_bin: None, pool_size: 40 },
+        database: DatabaseArgs {
+            url: None,
+            data_dir: None,
+            pg_bin: None,
+            no_embedded_postgres: false,
+            pool_size: 40,
+        },
         lease: Duration::from_secs(300),
         max_retries: 3,
         reap_interval: Duration::from_secs(1),
         querier_forget_delay: Duration::from_secs(60),
+        shutdown_timeout: Duration::from_secs(20),
         max_body_bytes: 1024 * 1024,
         long_poll_max: Duration::from_secs(60),
         batches: BatchArgs { batch_lanes: 1, batch_max: 32 },

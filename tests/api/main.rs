@@ -14,6 +14,7 @@ mod plans;
 mod pruning;
 mod results;
 mod schema;
+mod shutdown;
 mod tenants;
 mod validation;
 mod workflow;

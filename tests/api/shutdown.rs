@@ -1,0 +1,264 @@
+//! A broker process as a cluster runs it: stopped by a real SIGTERM under load, it stops handing
+//! out work at once, answers everything it took on, loses no report, and exits within
+//! --shutdown-timeout; its logs are JSON lines a collector can read.
+
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tokio::process::{Child, Command};
+use tokio_postgres::config::Host;
+
+use crate::helpers::{default_args, fresh_database, spawn_broker};
+
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+const WORKERS: usize = 12;
+const IDLE_POLLS: usize = 3;
+
+/// A connection string for `config`, as the broker process reads DATABASE_URL.
+fn connection_string(config: &tokio_postgres::Config) -> String {
+    let mut parts = Vec::new();
+    match config.get_hosts().first() {
+        Some(Host::Tcp(host)) => parts.push(format!("host={host}")),
+        Some(Host::Unix(path)) => parts.push(format!("host={}", path.display())),
+        None => {}
+    }
+    if let Some(port) = config.get_ports().first() {
+        parts.push(format!("port={port}"));
+    }
+    if let Some(user) = config.get_user() {
+        parts.push(format!("user={user}"));
+    }
+    if let Some(password) = config.get_password() {
+        parts.push(format!("password={}", String::from_utf8_lossy(password)));
+    }
+    if let Some(dbname) = config.get_dbname() {
+        parts.push(format!("dbname={dbname}"));
+    }
+    parts.join(" ")
+}
+
+/// A port nobody listens on now.
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("address").port()
+}
+
+/// `fairway serve` as a process of its own, as a cluster runs it.
+async fn broker_process(config: &tokio_postgres::Config, stdout: Stdio) -> (Child, String) {
+    let address = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_fairway"))
+        .args(["serve", "--bind", &address, "--log-format", "json"])
+        .arg("--shutdown-timeout")
+        .arg(format!("{}s", SHUTDOWN_TIMEOUT.as_secs()))
+        .env("DATABASE_URL", connection_string(config))
+        .env("FAIRWAY_NO_EMBEDDED_POSTGRES", "true")
+        .stdout(stdout)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start fairway serve");
+    let base = format!("http://{address}");
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = http.get(format!("{base}/readyz")).send().await;
+        if ready.is_ok_and(|response| response.status() == StatusCode::OK) {
+            return (child, base);
+        }
+        assert!(Instant::now() < deadline, "the broker never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What became of one report of a worker.
+#[derive(Debug)]
+enum Report {
+    /// 200: applied.
+    Applied,
+    /// No answer (the listener had closed) or 503: the worker must send it elsewhere.
+    Retry,
+}
+
+#[derive(Default)]
+struct Load {
+    /// Each report sent: the item, its attempt and what became of it.
+    reports: Mutex<Vec<(Value, Report)>>,
+    /// Claims answered with items after /readyz said 503: there must be none.
+    claimed_after_drain: AtomicUsize,
+    finished: AtomicUsize,
+    /// Reports sent after /readyz said 503.
+    reported_in_drain: AtomicUsize,
+    /// Set once /readyz answered 503.
+    draining: AtomicBool,
+    /// Set when the test has seen what it needs: the workers stop asking for work.
+    stop: AtomicBool,
+}
+
+async fn worker(base: String, slot: usize, load: Arc<Load>) {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client");
+    let claim =
+        format!("{base}/work?service=load&querier=pod-{}&worker={slot}&max=2&wait=1", slot % 4);
+    while !load.stop.load(Ordering::SeqCst) {
+        let sent_while_draining = load.draining.load(Ordering::SeqCst);
+        let Ok(response) = http.get(&claim).send().await else { break };
+        if response.status() != StatusCode::OK {
+            continue;
+        }
+        if sent_while_draining {
+            load.claimed_after_drain.fetch_add(1, Ordering::SeqCst);
+        }
+        let body: Value = response.json().await.expect("claim JSON");
+        for item in body["work_items"].as_array().cloned().unwrap_or_default() {
+            // The work takes a moment, so that some reports fall in the drain.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if load.draining.load(Ordering::SeqCst) {
+                load.reported_in_drain.fetch_add(1, Ordering::SeqCst);
+            }
+            let report =
+                json!({ "status": "successful", "attempt": item["attempt"], "results": [] });
+            let url = format!("{base}/work/{}/status", item["id"]);
+            let outcome = match http.post(&url).json(&report).send().await {
+                Ok(answer) if answer.status() == StatusCode::OK => Report::Applied,
+                Ok(answer) if answer.status() == StatusCode::SERVICE_UNAVAILABLE => Report::Retry,
+                Ok(answer) => panic!("report of {item}: {}", answer.status()),
+                Err(_) => Report::Retry,
+            };
+            if matches!(outcome, Report::Applied) {
+                load.finished.fetch_add(1, Ordering::SeqCst);
+            }
+            load.reports.lock().expect("reports").push((item, outcome));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_drains_a_broker_under_load() {
+    let config = fresh_database().await;
+    let (mut child, base) = broker_process(&config, Stdio::null()).await;
+    let http = reqwest::Client::new();
+    for user in 0..20 {
+        let items: Vec<Value> = (0..50).map(|n| json!({ "payload": n })).collect();
+        let body = json!({ "user": format!("user-{user}"), "steps": [{ "service": "load" }], "items": items });
+        let response = http.post(format!("{base}/jobs")).json(&body).send().await.expect("submit");
+        assert_eq!(response.status(), StatusCode::CREATED);
+    }
+
+    let load = Arc::new(Load::default());
+    let workers: Vec<_> =
+        (0..WORKERS).map(|slot| tokio::spawn(worker(base.clone(), slot, load.clone()))).collect();
+    let idle: Vec<_> = (0..IDLE_POLLS)
+        .map(|n| {
+            let url = format!("{base}/work?service=idle&querier=idle-{n}&wait=30");
+            let http = http.clone();
+            tokio::spawn(async move {
+                let status = http.get(url).send().await.expect("long poll").status();
+                (status, Instant::now())
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while load.finished.load(Ordering::SeqCst) < 200 {
+        assert!(Instant::now() < deadline, "the load never got going");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let pid = Pid::from_raw(i32::try_from(child.id().expect("pid")).expect("pid fits"));
+    let signalled = Instant::now();
+    kill(pid, Signal::SIGTERM).expect("SIGTERM");
+    loop {
+        let ready = http.get(format!("{base}/readyz")).send().await.expect("readyz while draining");
+        if ready.status() == StatusCode::SERVICE_UNAVAILABLE {
+            load.draining.store(true, Ordering::SeqCst);
+            break;
+        }
+        assert!(signalled.elapsed() < Duration::from_secs(1), "/readyz still {}", ready.status());
+    }
+    for poll in idle {
+        let (status, answered) = poll.await.expect("long poll");
+        assert_eq!(status, StatusCode::NO_CONTENT);
+        assert!(answered - signalled < Duration::from_secs(1), "a long poll waited on");
+    }
+    // Reports keep coming for the items claimed before; let them, then stop the load.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    load.stop.store(true, Ordering::SeqCst);
+
+    let exit = tokio::time::timeout(SHUTDOWN_TIMEOUT + Duration::from_secs(2), child.wait())
+        .await
+        .expect("the broker exits within its shutdown timeout")
+        .expect("exit status");
+    assert!(exit.success(), "{exit}");
+    assert!(signalled.elapsed() < SHUTDOWN_TIMEOUT, "took {:?}", signalled.elapsed());
+    for worker in workers {
+        worker.await.expect("worker");
+    }
+    assert_eq!(load.claimed_after_drain.load(Ordering::SeqCst), 0, "a claim started in the drain");
+    assert!(load.reported_in_drain.load(Ordering::SeqCst) > 0, "no report fell in the drain");
+
+    // Another broker: every applied report is in the database; every other one applies there.
+    let app = spawn_broker(default_args(), config).await;
+    let reports = std::mem::take(&mut *load.reports.lock().expect("reports"));
+    let mut retried = 0;
+    for (item, report) in reports {
+        let id = item["id"].as_i64().expect("id");
+        if matches!(report, Report::Retry) {
+            retried += 1;
+            app.succeed(&item, json!([])).await;
+        }
+        let sql = "SELECT status::text FROM work_items WHERE id = $1";
+        let row = app.db.query_one(sql, &[&id]).await.expect("item");
+        assert_eq!(row.get::<_, String>(0), "successful", "item {id}");
+    }
+    // Every claim that committed was answered: no item is leased to a worker that never heard.
+    let running = app.db.query_one("SELECT count(*) FROM work_items WHERE status = 'running'", &[]);
+    assert_eq!(running.await.expect("count").get::<_, i64>(0), 0);
+    app.assert_consistent().await;
+    eprintln!("{retried} reports were sent again to the other broker");
+}
+
+#[tokio::test]
+async fn each_request_logs_a_json_line_with_its_request_id() {
+    let config = fresh_database().await;
+    let (child, base) = broker_process(&config, Stdio::piped()).await;
+    let http = reqwest::Client::new();
+    let given = http
+        .get(format!("{base}/jobs/00000000-0000-0000-0000-000000000000"))
+        .header("X-Request-Id", "trace-7")
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(given.status(), StatusCode::NOT_FOUND);
+    assert_eq!(given.headers()["x-request-id"], "trace-7");
+    let made = http.get(format!("{base}/healthz")).send().await.expect("GET");
+    let made = made.headers()["x-request-id"].to_str().expect("ASCII").to_owned();
+    assert_eq!(made.len(), 36, "a generated request id is a UUID: {made}");
+
+    let pid = Pid::from_raw(i32::try_from(child.id().expect("pid")).expect("pid fits"));
+    kill(pid, Signal::SIGTERM).expect("SIGTERM");
+    let output = tokio::time::timeout(SHUTDOWN_TIMEOUT, child.wait_with_output())
+        .await
+        .expect("exits")
+        .expect("output");
+    let logs = String::from_utf8(output.stdout).expect("UTF-8 logs");
+    assert!(!logs.contains('\u{1b}'), "ANSI escapes in logs written to a pipe: {logs}");
+    let lines: Vec<Value> = logs
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}")))
+        .collect();
+    let request = |id: &str| {
+        lines
+            .iter()
+            .find(|line| line["request_id"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("no line for {id}: {logs}"))
+    };
+    let line = request("trace-7");
+    assert_eq!(line["route"], "/jobs/{job_id}");
+    assert_eq!(line["status"], 404);
+    assert!(line["duration_ms"].as_f64().is_some_and(|ms| ms >= 0.0), "{line}");
+    assert_eq!(request(&made)["route"], "/healthz");
+}
