@@ -4,6 +4,7 @@ mod batches;
 mod cli;
 mod concurrency;
 mod contract;
+mod deploy;
 mod fairness;
 mod helpers;
 mod leases;

@@ -83,7 +83,7 @@ pub async fn scrape(app: &TestApp) -> Scrape {
 }
 
 /// Scrapes until `done` holds, for metrics fed off the request path.
-async fn scrape_until(app: &TestApp, what: &str, done: impl Fn(&Scrape) -> bool) -> Scrape {
+pub async fn scrape_until(app: &TestApp, what: &str, done: impl Fn(&Scrape) -> bool) -> Scrape {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let scraped = scrape(app).await;

@@ -1,0 +1,35 @@
+# The broker's image: `fairway serve` on 0.0.0.0:8080, as a non-root user, needing nothing
+# written to its root filesystem. It holds no PostgreSQL and refuses to start without
+# DATABASE_URL. Build: docker build -t fairway .
+
+# Build stage. The dependencies are built first, against stub sources, in a layer of their own:
+# changing fairway's code rebuilds only fairway.
+FROM rust:1.95-slim-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+# One stub per target Cargo.toml names (tests/dockerfile.rs checks that none is missing).
+RUN mkdir -p src tests/api \
+ && echo 'fn main() {}' > src/main.rs \
+ && touch src/lib.rs tests/api/main.rs tests/bench.rs \
+ && cargo build --release --locked --bin fairway \
+ && rm -rf src
+# The test targets stay stubs: the broker does not need them, and editing a test then leaves
+# the image alone.
+COPY src src
+COPY sql sql
+COPY migrations migrations
+# The stubs' build left newer outputs than the sources just copied in: make fairway rebuild.
+RUN touch src/main.rs src/lib.rs \
+ && cargo build --release --locked --bin fairway \
+ && cp target/release/fairway /fairway
+
+# Runtime stage: glibc and the binary, nothing else (no shell, no package manager).
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /fairway /usr/local/bin/fairway
+# A cluster's broker uses the cluster's database, never one of its own.
+ENV FAIRWAY_NO_EMBEDDED_POSTGRES=true
+# distroless' `nonroot` user and group.
+USER 65532:65532
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/fairway", "serve"]
+CMD ["--bind", "0.0.0.0:8080"]
