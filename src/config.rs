@@ -408,6 +408,12 @@ pub enum BenchPath {
     HarmonyRoundRobin,
     /// The full loop over HTTP against a running broker.
     Http,
+    /// The full loop over HTTP against three brokers on the one database (each with its own
+    /// pool, batches and server, in this process), the workers dealt over them: how far more
+    /// brokers take one primary.
+    #[serde(rename = "http_3_brokers")]
+    #[value(name = "http_3_brokers")]
+    Http3Brokers,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -57,18 +57,23 @@ async fn every_path_runs_on_a_seed_of_several_jobs_per_user_and_counters_stay_ex
         "--workers",
         "4",
         "--paths",
-        "fair,fifo,harmony_least_running,harmony_round_robin,http",
+        "fair,fifo,harmony_least_running,harmony_round_robin,http,http_3_brokers",
     ])
     .await;
     let runs = report["runs"].as_array().expect("runs");
     let paths: Vec<&str> = runs.iter().filter_map(|run| run["path"].as_str()).collect();
-    assert_eq!(paths, ["fair", "fifo", "harmony_least_running", "harmony_round_robin", "http"]);
+    assert_eq!(
+        paths,
+        ["fair", "fifo", "harmony_least_running", "harmony_round_robin", "http", "http_3_brokers"]
+    );
     for run in runs {
         assert_eq!(run["jobs"], 12, "{run}");
         assert!(run["claims_per_s"].as_f64().is_some_and(|rate| rate > 0.0), "{run}");
+        assert!(run["wal_bytes_per_claim"].as_f64().is_some_and(|bytes| bytes > 0.0), "{run}");
     }
 
-    // The last path, over HTTP, keeps the broker's counters: a recount finds nothing to mend.
+    // The last path, over HTTP to three brokers, keeps the broker's counters: a recount finds
+    // nothing to mend.
     let mut config: tokio_postgres::Config =
         server_url().await.parse().expect("DATABASE_URL parses");
     config.dbname("fairway_bench");

@@ -237,7 +237,7 @@ async fn run_path(
         client.batch_execute(BENCH_BASELINE_INDEXES).await?;
         client.batch_execute("ANALYZE work_items").await?;
     }
-    let mut server = None;
+    let mut servers = Vec::new();
     let mut upkeep = Vec::new();
     let runner = match path {
         BenchPath::Fair => {
@@ -246,13 +246,16 @@ async fn run_path(
             upkeep = startup::maintain(&broker, &serve_args(args));
             Runner::Fair(broker)
         }
-        BenchPath::Http => {
-            let app = Application::build(&serve_args(args), config.clone()).await?;
-            let base = format!("http://127.0.0.1:{}", app.port());
-            let handle = app.handle();
-            server = Some((handle, tokio::spawn(app.run_until_stopped())));
+        BenchPath::Http | BenchPath::Http3Brokers => {
+            let brokers = if path == BenchPath::Http { 1 } else { 3 };
+            let mut bases = Vec::with_capacity(brokers);
+            for _ in 0..brokers {
+                let app = Application::build(&serve_args(args), config.clone()).await?;
+                bases.push(format!("http://127.0.0.1:{}", app.port()));
+                servers.push((app.handle(), tokio::spawn(app.run_until_stopped())));
+            }
             let client = reqwest::Client::builder().pool_max_idle_per_host(args.workers).build()?;
-            Runner::Http { client, base }
+            Runner::Http { client, bases }
         }
         other => Runner::Sql { pool: pool.clone(), path: other },
     };
@@ -264,8 +267,12 @@ async fn run_path(
         cap: (backlog / 2) as u64,
     };
     let runner = Arc::new(runner);
+    let wal_before = wal_position(pool).await?;
     let mut measured =
         paths::measure(runner.clone(), seeded.clone(), args.workers, limits, args.max).await;
+    // The first pass only: a reset between passes writes WAL of its own.
+    let wal_bytes_per_claim = (measured.claims > 0)
+        .then_some(wal_since(pool, &wal_before).await? / measured.claims as f64);
     let mut waiting = still_waiting(&measured.per_user, &seeded.items);
     // A small backlog is half handed out in a couple of seconds, too short a run to measure on
     // a shared machine: the path goes over it again, from the seeded state each time, until it
@@ -282,7 +289,7 @@ async fn run_path(
         }
         measured.absorb(pass);
     }
-    if let Some((handle, task)) = server {
+    for (handle, task) in servers {
         handle.stop(true).await;
         let _ = task.await;
     }
@@ -324,7 +331,22 @@ async fn run_path(
                 .collect::<Vec<_>>(),
         ),
         errors: measured.errors,
+        wal_bytes_per_claim,
     })
+}
+
+/// Where the server's WAL is now.
+async fn wal_position(pool: &deadpool_postgres::Pool) -> Result<String, BenchError> {
+    let client = pool.get().await?;
+    Ok(client.query_one("SELECT pg_current_wal_lsn()::text", &[]).await?.try_get(0)?)
+}
+
+/// The WAL written since `position`, in bytes: by the path's claims and completions, their
+/// commits, and anything else the server did meanwhile (the broker's vacuum, the reaper).
+async fn wal_since(pool: &deadpool_postgres::Pool, position: &str) -> Result<f64, BenchError> {
+    let client = pool.get().await?;
+    let sql = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::float8";
+    Ok(client.query_one(sql, &[&position]).await?.try_get(0)?)
 }
 
 /// Which users had ready work for the whole of a pass: with no work added during a pass, those
@@ -383,6 +405,7 @@ async fn run_wakeups(
             p99_ms: millis(0.99),
             jain: None,
             errors: 0,
+            wal_bytes_per_claim: None,
         });
     }
     Ok(runs)

@@ -30,8 +30,16 @@ pub struct Claimed {
 /// One claim path, ready to be driven by many workers.
 pub enum Runner {
     Fair(Broker),
-    Sql { pool: Pool, path: BenchPath },
-    Http { client: reqwest::Client, base: String },
+    Sql {
+        pool: Pool,
+        path: BenchPath,
+    },
+    /// Over HTTP, worker i claiming from `bases[i mod n]`; reports go to any of them, as a
+    /// Service would send them.
+    Http {
+        client: reqwest::Client,
+        bases: Vec<String>,
+    },
 }
 
 impl Runner {
@@ -66,7 +74,8 @@ impl Runner {
                     .collect()
             }
             Self::Sql { pool, path } => harmony_claim(pool, *path, max).await,
-            Self::Http { client, base } => {
+            Self::Http { client, bases } => {
+                let base = &bases[worker % bases.len()];
                 let url = format!(
                     "{base}/work?service={SERVICE}&querier=bench&worker={}&max={max}",
                     worker % 1024
@@ -110,7 +119,8 @@ impl Runner {
                 sql::execute(&tx, BENCH_HARMONY_COUNT_COMPLETION, &[&item.job, &SERVICE]).await?;
                 tx.commit().await?;
             }
-            Self::Http { client, base } => {
+            Self::Http { client, bases } => {
+                let base = &bases[item.id.unsigned_abs() as usize % bases.len()];
                 client
                     .post(format!("{base}/work/{}/status", item.id))
                     .json(

@@ -35,6 +35,8 @@ pub struct Run {
     pub p99_ms: Option<f64>,
     pub jain: Option<f64>,
     pub errors: u64,
+    /// WAL written per claim (with its completion) during the path's first pass.
+    pub wal_bytes_per_claim: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -361,6 +363,7 @@ mod tests {
             p99_ms: Some(15.0),
             jain: Some(0.999),
             errors: 0,
+            wal_bytes_per_claim: Some(1600.0),
         };
         let machine = Machine {
             cores: 2,
