@@ -51,10 +51,10 @@ fn strings(value: &Value) -> Vec<String> {
     value.as_array().into_iter().flatten().filter_map(|v| v.as_str().map(str::to_owned)).collect()
 }
 
-/// Every environment variable `fairway serve --help` lists.
-async fn serve_env_vars() -> BTreeSet<String> {
+/// Every environment variable `fairway <command> --help` lists.
+async fn env_vars(command: &str) -> BTreeSet<String> {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_fairway"))
-        .args(["serve", "--help"])
+        .args([command, "--help"])
         .output()
         .await
         .expect("fairway serve --help");
@@ -107,7 +107,8 @@ async fn example_broker() -> (TestApp, Scrape) {
 
 #[tokio::test]
 async fn each_overlay_validates_and_names_what_the_broker_reads_serves_and_exports() {
-    let env_vars = serve_env_vars().await;
+    let worker_env = env_vars("worker").await;
+    let env_vars = env_vars("serve").await;
     assert!(env_vars.contains("FAIRWAY_LOG_FORMAT") && env_vars.contains("DATABASE_URL"));
     let (app, scraped) = example_broker().await;
     let exported: BTreeSet<&str> = scraped.0.iter().map(|sample| sample.name.as_str()).collect();
@@ -199,6 +200,15 @@ async fn each_overlay_validates_and_names_what_the_broker_reads_serves_and_expor
             }
         }
 
+        // The example worker runs `fairway worker`, with variables it reads.
+        let worker = &find(&objects, "Deployment", "example-worker")["spec"]["template"]["spec"];
+        let worker = &worker["containers"][0];
+        assert_eq!(strings(&worker["command"])[1..3], ["worker", "--"]);
+        for variable in worker["env"].as_array().expect("env") {
+            let name = variable["name"].as_str().expect("name");
+            assert!(worker_env.contains(name), "{name} is not in `fairway worker --help`");
+        }
+
         let database = find(&objects, "Cluster", "fairway-db");
         assert_eq!(database["spec"]["instances"], instances, "{overlay}");
         let secret = &container["env"][0]["valueFrom"]["secretKeyRef"];
@@ -246,7 +256,7 @@ async fn the_dockerfile_runs_the_broker_the_manifests_expect() {
     assert!(!["USER root", "USER 0", "USER 0:0"].contains(&user.as_str()), "{user}");
     let env = line("ENV");
     assert_eq!(env, "ENV FAIRWAY_NO_EMBEDDED_POSTGRES=true");
-    assert!(serve_env_vars().await.contains("FAIRWAY_NO_EMBEDDED_POSTGRES"));
+    assert!(env_vars("serve").await.contains("FAIRWAY_NO_EMBEDDED_POSTGRES"));
 
     let manifest: String =
         std::fs::read_to_string(format!("{MANIFEST_DIR}/Cargo.toml")).expect("Cargo.toml");
