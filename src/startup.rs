@@ -225,23 +225,26 @@ async fn prune(broker: Broker, args: PruneArgs) {
 /// Reads, once a second, when the items claimed meanwhile were created: off the claim path, so
 /// that measuring a claim's queue wait adds nothing to the claim.
 async fn record_queue_waits(broker: Broker) {
-    let mut ticker = tokio::time::interval(QUEUE_WAIT_INTERVAL);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        if let Err(error) = broker.record_queue_waits().await {
-            tracing::warn!(%error, "reading claimed items' queue waits failed");
-        }
-    }
+    every(QUEUE_WAIT_INTERVAL, "reading claimed items' queue waits", || broker.record_queue_waits())
+        .await
 }
 
 async fn vacuum(broker: Broker, interval: Duration) {
+    every(interval, "vacuum of the fair order's tables", || broker.vacuum_fair_order()).await
+}
+
+/// Runs `pass` on a fixed cadence, for ever; a pass that fails is logged as `what` failing.
+async fn every<F, Fut>(interval: Duration, what: &str, pass: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), crate::broker::BrokerError>>,
+{
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        if let Err(error) = broker.vacuum_fair_order().await {
-            tracing::warn!(%error, "vacuum of the fair order's tables failed");
+        if let Err(error) = pass().await {
+            tracing::warn!(%error, "{what} failed");
         }
     }
 }
