@@ -212,14 +212,10 @@ async fn reap(broker: Broker, interval: Duration) {
 /// Deletes the jobs past their retention, every --prune-interval; the batches log what they
 /// deleted.
 async fn prune(broker: Broker, args: PruneArgs) {
-    let mut ticker = tokio::time::interval(args.prune_interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        if let Err(error) = broker.prune_finished_jobs(args.retention).await {
-            tracing::warn!(%error, "pruning finished jobs failed");
-        }
-    }
+    every(args.prune_interval, "pruning finished jobs", || async {
+        broker.prune_finished_jobs(args.retention).await.map(drop)
+    })
+    .await
 }
 
 /// Reads, once a second, when the items claimed meanwhile were created: off the claim path, so
