@@ -25,6 +25,8 @@ run:
 ## Run every test against a real PostgreSQL: DATABASE_URL if set, else a throwaway cluster.
 test: export FAIRWAY_REQUIRE_TOOLS = 1
 test: $(PYTOOLS_READY) $(KUBECTL)
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || \
+		echo "NOTE: no /usr/bin/chromium or /usr/bin/chromedriver: the dashboard's browser tests will be skipped"
 ifdef DATABASE_URL
 	$(TEST_TOOLS) $(CARGO) test --all-targets
 else

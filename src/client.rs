@@ -14,6 +14,7 @@ use crate::broker::membership::{QuerierDocument, TenantDocument};
 use crate::broker::model::{
     ItemStatus, JobDocument, JobId, Mismatch, UserShare, UserWorkRow, WorkItem,
 };
+use crate::metrics::ServiceSummary;
 
 #[derive(Debug, Error)]
 pub enum ClientError {
@@ -124,6 +125,11 @@ struct Rows<T> {
 }
 
 #[derive(Deserialize)]
+struct Services {
+    services: Vec<ServiceSummary>,
+}
+
+#[derive(Deserialize)]
 struct Shares {
     users: Vec<UserShare>,
 }
@@ -231,6 +237,12 @@ impl Client {
         query.extend(user.map(|user| ("user", user.to_owned())));
         let response = self.request(Method::GET, "/admin/user-work").query(&query).send().await?;
         Ok(decode::<Rows<UserWorkRow>>(response).await?.rows)
+    }
+
+    /// Each service's queue, and this broker's claims per second and waiting workers.
+    pub async fn services(&self) -> Result<Vec<ServiceSummary>, ClientError> {
+        let response = self.request(Method::GET, "/admin/services").send().await?;
+        Ok(decode::<Services>(response).await?.services)
     }
 
     /// The users with the most running items of `service`, with their ready items.

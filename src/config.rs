@@ -72,6 +72,8 @@ pub struct AdminArgs {
 
 #[derive(Debug, Clone, Subcommand)]
 pub enum AdminCommand {
+    /// Each service's queue: ready, running, paused, oldest ready, claims per second.
+    Services,
     /// Rows of the fair order's user_work table: who has work where.
     Users {
         /// Only this service's rows.

@@ -14,7 +14,8 @@ use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// Claimed first attempts whose queue wait is still to be read; past this, claims go unmeasured
 /// until the next pass has read them (a sample, rather than memory without bound).
@@ -91,6 +92,29 @@ struct Snapshot {
     /// (service, tenant) of every series shown so far: one that empties reports 0 rather than
     /// vanish, so that alerts and autoscalers see the queue drain.
     seen: BTreeSet<(String, Option<String>)>,
+    /// This broker's claims that got items, per service, when the gauges were taken, and the
+    /// rate since the time before.
+    claims: BTreeMap<String, u64>,
+    claims_per_second: BTreeMap<String, f64>,
+}
+
+/// One service as an operator's overview shows it: the database's gauges, as fresh as
+/// --metrics-refresh, and what this broker itself sees.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ServiceSummary {
+    pub service: String,
+    pub ready: i64,
+    pub running: i64,
+    /// Ready items of paused jobs.
+    pub paused: i64,
+    /// How long the oldest ready item has waited; none when nothing is ready.
+    pub oldest_ready_age_seconds: Option<f64>,
+    /// Users with ready or running items.
+    pub active_users: i64,
+    /// Claim requests this broker answered with items, per second, over the last refresh.
+    pub claims_per_second: f64,
+    /// Workers long-polling this broker.
+    pub waiting_workers: usize,
 }
 
 pub struct Metrics {
@@ -245,6 +269,8 @@ impl Metrics {
                 taken: None,
                 rows: Vec::new(),
                 seen: BTreeSet::new(),
+                claims: BTreeMap::new(),
+                claims_per_second: BTreeMap::new(),
             }),
             pending_waits: Mutex::new(Vec::new()),
         })
@@ -325,7 +351,18 @@ impl Metrics {
         if snapshot.taken.is_some_and(|taken| taken.elapsed() < self.refresh) {
             return;
         }
+        let since = snapshot.taken.map(|taken| taken.elapsed().as_secs_f64());
         snapshot.taken = Some(Instant::now());
+        let claims = self.claims_with_items(snapshot.seen.iter().map(|(service, _)| service));
+        snapshot.claims_per_second = claims
+            .iter()
+            .filter_map(|(service, total)| {
+                let before = snapshot.claims.get(service).copied().unwrap_or(0);
+                let seconds = since.filter(|seconds| *seconds > 0.0)?;
+                Some((service.clone(), total.saturating_sub(before) as f64 / seconds))
+            })
+            .collect();
+        snapshot.claims = claims;
         match take().await {
             Ok(rows) => snapshot.rows = rows,
             Err(error) => tracing::warn!(%error, "reading the queue gauges for /metrics failed"),
@@ -338,6 +375,57 @@ impl Metrics {
             ));
         }
         self.set_queue_gauges(rows, seen);
+    }
+
+    /// This broker's claim requests answered with items, per service.
+    fn claims_with_items<'a>(
+        &self,
+        services: impl Iterator<Item = &'a String>,
+    ) -> BTreeMap<String, u64> {
+        services
+            .map(|service| {
+                (service.clone(), self.claims.with_label_values(&[service.as_str(), "item"]).get())
+            })
+            .collect()
+    }
+
+    /// Each service the gauges have shown, summed over tenants, as of the last refresh.
+    pub async fn service_summaries(
+        &self,
+        waiting_workers: &BTreeMap<String, usize>,
+    ) -> Vec<ServiceSummary> {
+        let snapshot = self.snapshot.lock().await;
+        let now = Utc::now().timestamp_micros() as f64 / 1e6;
+        let mut summaries: BTreeMap<&str, ServiceSummary> = BTreeMap::new();
+        for (service, _) in &snapshot.seen {
+            summaries.entry(service).or_insert_with(|| ServiceSummary {
+                service: service.clone(),
+                ready: 0,
+                running: 0,
+                paused: 0,
+                oldest_ready_age_seconds: None,
+                active_users: 0,
+                claims_per_second: snapshot.claims_per_second.get(service).copied().unwrap_or(0.0),
+                waiting_workers: waiting_workers.get(service).copied().unwrap_or(0),
+            });
+        }
+        for row in &snapshot.rows {
+            let Some(summary) = summaries.get_mut(row.service.as_str()) else { continue };
+            let value = row.value as i64;
+            match (row.measure.as_str(), row.tenant.is_some()) {
+                ("ready", true) => summary.ready += value,
+                ("running", true) => summary.running += value,
+                ("paused", true) => summary.paused += value,
+                ("active_users", false) => summary.active_users = value,
+                ("oldest_ready", true) => {
+                    let age = (now - row.value).max(0.0);
+                    let oldest = summary.oldest_ready_age_seconds.get_or_insert(age);
+                    *oldest = oldest.max(age);
+                }
+                _ => {}
+            }
+        }
+        summaries.into_values().collect()
     }
 
     /// Sets the database's gauges from `rows`: per tenant with the tenant label, else summed

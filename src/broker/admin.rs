@@ -1,22 +1,40 @@
-use super::model::{Mismatch, UserShare, UserWorkRow};
+use super::model::{Mismatch, UserShare, UserWorkCursor, UserWorkRow};
 use super::rows;
 use super::{snapshot, Broker, BrokerError};
 use crate::db::sql::{self, CHECK_CONSISTENCY, LIST_USER_SHARES, LIST_USER_WORK};
 
 impl Broker {
-    /// Rows of the user_work table, optionally for one service and one user.
+    /// Up to `limit` rows of the user_work table after `after` (from the start when None),
+    /// optionally for one service and one user.
     pub async fn user_work(
         &self,
         service: Option<&str>,
         user: Option<&str>,
         limit: i64,
+        after: Option<&UserWorkCursor>,
     ) -> Result<Vec<UserWorkRow>, BrokerError> {
         let client = self.client().await?;
-        sql::query(&client, LIST_USER_WORK, &[&service, &user, &limit])
-            .await?
-            .iter()
-            .map(rows::user_work_row)
-            .collect()
+        let (user_after, service_after, job_after, step_after, component_after) = match after {
+            Some(key) => (
+                Some(key.0.as_str()),
+                Some(key.1.as_str()),
+                Some(key.2 .0),
+                Some(key.3),
+                Some(key.4.as_str()),
+            ),
+            None => (None, None, None, None, None),
+        };
+        let params: sql::Params = &[
+            &service,
+            &user,
+            &limit,
+            &user_after,
+            &service_after,
+            &job_after,
+            &step_after,
+            &component_after,
+        ];
+        sql::query(&client, LIST_USER_WORK, params).await?.iter().map(rows::user_work_row).collect()
     }
 
     /// The `limit` users with the most running items of `service`, with their ready items:

@@ -513,6 +513,25 @@ pub struct UserWorkRow {
     pub last_worked: Option<DateTime<Utc>>,
 }
 
+/// Where a listing of user_work rows goes on: after the row with this key (user, service, job,
+/// step, component). Written as that key's JSON array, which only this broker need read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UserWorkCursor(pub String, pub String, pub JobId, pub i32, pub String);
+
+impl UserWorkCursor {
+    pub fn parse(cursor: &str) -> Result<Self, BrokerError> {
+        serde_json::from_str(cursor).map_err(|_| {
+            BrokerError::invalid("invalid_query", "after is not a cursor this broker gave")
+        })
+    }
+
+    /// The cursor that goes on after `row`.
+    pub fn after(row: &UserWorkRow) -> String {
+        let key = (&row.user, &row.service, row.job_id, row.step, &row.component);
+        serde_json::to_string(&key).unwrap_or_default()
+    }
+}
+
 /// One user's part of a service's work now.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct UserShare {

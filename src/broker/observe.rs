@@ -8,7 +8,7 @@ use tokio_postgres::types::Json;
 
 use super::{Broker, BrokerError};
 use crate::db::sql::{self, ITEM_CREATION_TIMES, REFRESH_METRICS};
-use crate::metrics::{GaugeRow, Metrics, PoolConnections};
+use crate::metrics::{GaugeRow, Metrics, PoolConnections, ServiceSummary};
 
 impl Broker {
     pub fn metrics(&self) -> &Metrics {
@@ -18,15 +18,7 @@ impl Broker {
     /// Every metric in the text exposition format. The queue gauges are at most
     /// --metrics-refresh old, and cost at most one statement per --metrics-refresh.
     pub async fn metrics_text(&self) -> Result<String, BrokerError> {
-        let refresh_millis = i64::try_from(self.metrics.refresh().as_millis()).unwrap_or(i64::MAX);
-        self.metrics
-            .refresh_gauges(|| async {
-                let client = self.client().await?;
-                let row = sql::query_one(&client, REFRESH_METRICS, &[&refresh_millis]).await?;
-                let Json(rows): Json<Vec<GaugeRow>> = row.try_get("gauges")?;
-                Ok::<_, BrokerError>(rows)
-            })
-            .await;
+        self.refresh_gauges().await;
         let status = self.pool.status();
         let pool = PoolConnections {
             in_use: status.size.saturating_sub(status.available),
@@ -36,6 +28,25 @@ impl Broker {
         self.metrics
             .render(&self.waiting_workers(), pool)
             .map_err(|error| BrokerError::Metrics(error.to_string()))
+    }
+
+    /// Each service's queue as the metrics see it, for operators' overviews.
+    pub async fn service_summaries(&self) -> Vec<ServiceSummary> {
+        self.refresh_gauges().await;
+        self.metrics.service_summaries(&self.waiting_workers()).await
+    }
+
+    /// Takes the database's queue gauges again unless they are younger than --metrics-refresh.
+    async fn refresh_gauges(&self) {
+        let refresh_millis = sql::millis(self.metrics.refresh());
+        self.metrics
+            .refresh_gauges(|| async {
+                let client = self.client().await?;
+                let row = sql::query_one(&client, REFRESH_METRICS, &[&refresh_millis]).await?;
+                let Json(rows): Json<Vec<GaugeRow>> = row.try_get("gauges")?;
+                Ok::<_, BrokerError>(rows)
+            })
+            .await;
     }
 
     /// Reads when the first attempts claimed since the last call were created, and records how

@@ -8,11 +8,13 @@ use crate::broker::membership::{QuerierDocument, TenantDocument};
 use crate::broker::model::{JobDocument, JobId, UserWorkRow};
 use crate::client::JobAction;
 use crate::config::{AdminArgs, AdminCommand, JobCommand, TenantCommand};
+use crate::metrics::ServiceSummary;
 
 pub async fn run(args: AdminArgs) -> Result<(), CliError> {
     let client = client(&args.broker)?;
     let print = Printer { json: args.json };
     match args.command {
+        AdminCommand::Services => print.list(&client.services().await?, services_table),
         AdminCommand::Users { service, user, limit } => {
             let rows = client.user_work(service.as_deref(), user.as_deref(), limit).await?;
             print.list(&rows, users_table)
@@ -116,6 +118,35 @@ fn table(header: &[&str]) -> Table {
 
 fn when(at: Option<chrono::DateTime<chrono::Utc>>) -> String {
     at.map_or_else(|| "never".to_owned(), |at| at.format("%Y-%m-%d %H:%M:%S").to_string())
+}
+
+fn services_table(services: &[ServiceSummary]) -> Table {
+    let mut table = table(&[
+        "service",
+        "ready",
+        "running",
+        "paused",
+        "oldest ready",
+        "active users",
+        "claims/s",
+        "waiting workers",
+    ]);
+    for service in services {
+        let oldest = service
+            .oldest_ready_age_seconds
+            .map_or_else(|| "–".to_owned(), |seconds| format!("{seconds:.0} s"));
+        table.add_row(vec![
+            service.service.clone(),
+            service.ready.to_string(),
+            service.running.to_string(),
+            service.paused.to_string(),
+            oldest,
+            service.active_users.to_string(),
+            format!("{:.1}", service.claims_per_second),
+            service.waiting_workers.to_string(),
+        ]);
+    }
+    table
 }
 
 fn users_table(rows: &[UserWorkRow]) -> Table {

@@ -9,8 +9,11 @@ use utoipa::{IntoParams, ToSchema};
 use super::error::{ApiError, ErrorBody};
 use super::{endpoint, non_empty};
 use crate::broker::membership::{QuerierDocument, TenantDocument, TenantLimits};
-use crate::broker::model::{Mismatch, ServiceName, TenantName, UserShare, UserWorkRow};
+use crate::broker::model::{
+    Mismatch, ServiceName, TenantName, UserShare, UserWorkCursor, UserWorkRow,
+};
 use crate::broker::Broker;
+use crate::metrics::ServiceSummary;
 
 const DEFAULT_ROWS: i64 = 1000;
 const MAX_ROWS: i64 = 10_000;
@@ -21,6 +24,7 @@ pub fn routes(config: &mut web::ServiceConfig) {
     config
         .service(endpoint("/admin/user-work").route(web::get().to(user_work)))
         .service(endpoint("/admin/shares").route(web::get().to(shares)))
+        .service(endpoint("/admin/services").route(web::get().to(services)))
         .service(endpoint("/admin/consistency").route(web::get().to(consistency)))
         .service(endpoint("/admin/waiting-workers").route(web::get().to(waiting_workers)))
         .service(endpoint("/admin/queriers").route(web::get().to(queriers)))
@@ -46,12 +50,16 @@ struct UserWorkQuery {
     /// Most rows (default 1,000).
     #[param(minimum = 1, maximum = 10000)]
     limit: Option<i64>,
+    /// The `next_cursor` of the page before; empty or absent: from the start.
+    after: Option<String>,
 }
 
-/// Rows of the user_work table.
+/// A page of the user_work table.
 #[derive(Serialize, ToSchema)]
 pub struct UserWorkRows {
     rows: Vec<UserWorkRow>,
+    /// Where the next page starts, when this one is full.
+    next_cursor: Option<String>,
 }
 
 /// Rows of the user_work table: who has work where, in user and service order.
@@ -68,8 +76,12 @@ async fn user_work(
             format!("limit must be between 1 and {MAX_ROWS}"),
         ));
     }
-    let rows = broker.user_work(non_empty(&query.service), non_empty(&query.user), limit).await?;
-    Ok(HttpResponse::Ok().json(UserWorkRows { rows }))
+    let after = non_empty(&query.after).map(UserWorkCursor::parse).transpose()?;
+    let (service, user) = (non_empty(&query.service), non_empty(&query.user));
+    let rows = broker.user_work(service, user, limit, after.as_ref()).await?;
+    let full = i64::try_from(rows.len()).is_ok_and(|count| count == limit);
+    let next_cursor = rows.last().filter(|_| full).map(UserWorkCursor::after);
+    Ok(HttpResponse::Ok().json(UserWorkRows { rows, next_cursor }))
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -110,6 +122,21 @@ async fn shares(
     }
     let users = broker.user_shares(service.as_str(), limit).await?;
     Ok(HttpResponse::Ok().json(Shares { service: query.service, users }))
+}
+
+/// Every service the broker has seen work for.
+#[derive(Serialize, ToSchema)]
+pub struct Services {
+    services: Vec<ServiceSummary>,
+}
+
+/// Each service's queue: ready, running and paused items, the oldest ready item's age and
+/// active users (the same numbers as `/metrics`, as fresh as `--metrics-refresh`), and this
+/// broker's claims per second and waiting workers.
+#[utoipa::path(get, path = "/admin/services", tag = "admin",
+    responses((status = 200, description = "The services, by name.", body = Services)))]
+async fn services(broker: web::Data<Broker>) -> HttpResponse {
+    HttpResponse::Ok().json(Services { services: broker.service_summaries().await })
 }
 
 /// Every querier.

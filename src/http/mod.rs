@@ -4,6 +4,7 @@ mod admin;
 pub mod error;
 pub mod openapi;
 mod producers;
+mod ui;
 mod workers;
 
 use std::str::FromStr;
@@ -80,7 +81,8 @@ pub fn configure(max_body_bytes: usize) -> impl FnOnce(&mut web::ServiceConfig) 
             .configure(producers::routes)
             .configure(workers::routes)
             .configure(admin::routes)
-            .configure(openapi::routes);
+            .configure(openapi::routes)
+            .configure(ui::routes);
     }
 }
 

@@ -26,6 +26,7 @@ use super::{admin, error, producers, workers};
         workers::shut_down,
         admin::user_work,
         admin::shares,
+        admin::services,
         admin::consistency,
         admin::waiting_workers,
         admin::queriers,

@@ -56,6 +56,13 @@ async fn admin_lists_what_the_api_serves_as_tables_and_as_json() {
     let queriers = succeed(&app, &["admin", "queriers"]).await;
     assert!(queriers.contains("pod-0") && queriers.contains("active"), "{queriers}");
 
+    let services: Value =
+        serde_json::from_str(&succeed(&app, &["admin", "--json", "services"]).await).expect("JSON");
+    assert_eq!(services[0]["service"], "subsetter");
+    assert_eq!((&services[0]["ready"], &services[0]["running"]), (&json!(2), &json!(1)));
+    let table = succeed(&app, &["admin", "services"]).await;
+    assert!(table.contains("subsetter") && table.contains("claims/s"), "{table}");
+
     let consistency = succeed(&app, &["admin", "consistency"]).await;
     assert!(consistency.contains("consistent"), "{consistency}");
 }

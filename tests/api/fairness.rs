@@ -237,29 +237,3 @@ async fn a_batch_serves_the_user_furthest_behind_until_level() {
     assert_eq!((bobs, batch.len()), (5, 6), "bob five, then alice: {batch:?}");
     app.assert_consistent().await;
 }
-
-#[tokio::test]
-async fn admin_shares_count_each_users_running_and_ready_items_of_a_service() {
-    let app = spawn_app().await;
-    app.submit_simple("alice", "svc", 3, true).await;
-    app.submit_simple("bob", "svc", 2, true).await;
-    app.submit_simple("carol", "other", 1, true).await;
-    // Fair order: alice, bob, then alice again.
-    for _ in 0..3 {
-        app.claim("svc").await.expect("an item");
-    }
-    let body: Value = app.get("/admin/shares?service=svc").await.json().await.expect("JSON");
-    assert_eq!(
-        body["users"],
-        json!([
-            { "user": "alice", "running": 2, "ready": 1 },
-            { "user": "bob", "running": 1, "ready": 1 },
-        ]),
-        "{body}"
-    );
-    let body: Value =
-        app.get("/admin/shares?service=svc&limit=1").await.json().await.expect("JSON");
-    assert_eq!(body["users"].as_array().map(Vec::len), Some(1));
-    let response = app.get("/admin/shares?service=svc&limit=0").await;
-    assert_eq!(response.status(), 400);
-}

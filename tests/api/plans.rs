@@ -232,8 +232,21 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
         ("retire_queriers", sql::RETIRE_QUERIERS, "60000".to_owned()),
         ("refresh_job_status", sql::REFRESH_JOB_STATUS, format!("ARRAY['{job}']::uuid[]")),
         ("lock_job_owner", sql::LOCK_JOB_OWNER, format!("'{job}'")),
-        ("list_user_work", sql::LIST_USER_WORK, "NULL, NULL, 1000".to_owned()),
-        ("list_user_work by user", sql::LIST_USER_WORK, "'svc', 'user-7', 1000".to_owned()),
+        (
+            "list_user_work",
+            sql::LIST_USER_WORK,
+            "NULL, NULL, 1000, NULL, NULL, NULL, NULL, NULL".to_owned(),
+        ),
+        (
+            "list_user_work by user",
+            sql::LIST_USER_WORK,
+            "'svc', 'user-7', 1000, NULL, NULL, NULL, NULL, NULL".to_owned(),
+        ),
+        (
+            "list_user_work after a cursor",
+            sql::LIST_USER_WORK,
+            format!("NULL, NULL, 1000, 'user-5', 'svc', '{job}', 0, 'unknown'"),
+        ),
     ];
     db.batch_execute(AUTO_EXPLAIN).await.expect("auto_explain");
     for mode in ["force_custom_plan", "force_generic_plan"] {

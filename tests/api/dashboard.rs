@@ -1,0 +1,343 @@
+//! The dashboard in a real headless Chromium, driven over WebDriver (chromedriver), against a
+//! live broker with seeded work: what each page shows equals what the API says. A screenshot of
+//! each page goes to `target/ui-screenshots/`.
+//!
+//! Without Chromium and chromedriver on the machine these tests say that they skipped.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{json, Value};
+use tokio::process::{Child, Command};
+
+use crate::helpers::{spawn_app, TestApp};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+/// A headless Chromium session, and the chromedriver that drives it.
+struct Browser {
+    client: Client,
+    _driver: Child,
+}
+
+impl Browser {
+    /// None, after saying so, when the machine has no Chromium.
+    async fn start() -> Option<Self> {
+        if !Path::new(CHROMIUM).exists() || !Path::new(CHROMEDRIVER).exists() {
+            eprintln!("skipped: the browser tests need {CHROMIUM} and {CHROMEDRIVER}");
+            return None;
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free port")
+            .port();
+        let driver = Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start chromedriver");
+        let capabilities = json!({
+            "goog:chromeOptions": {
+                "binary": CHROMIUM,
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                         "--disable-dev-shm-usage", "--window-size=1280,900"],
+            }
+        });
+        let capabilities = match capabilities {
+            Value::Object(map) => map,
+            _ => unreachable!("an object literal"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let client = loop {
+            match ClientBuilder::native()
+                .capabilities(capabilities.clone())
+                .connect(&format!("http://127.0.0.1:{port}"))
+                .await
+            {
+                Ok(client) => break client,
+                Err(error) => {
+                    assert!(Instant::now() < deadline, "chromedriver never answered: {error}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
+        Some(Self { client, _driver: driver })
+    }
+
+    /// Opens a page of the dashboard and waits until it has drawn itself from the API.
+    async fn open(&self, app: &TestApp, page: &str) {
+        // A fresh document each time, so that `data-loaded` speaks of this page's first draw.
+        self.client.goto("about:blank").await.expect("blank");
+        self.client.goto(&app.url(&format!("/ui/#{page}"))).await.expect("open the page");
+        self.await_loaded(page).await;
+    }
+
+    async fn await_loaded(&self, page: &str) {
+        let selector = format!("body[data-loaded='{page}']");
+        self.client
+            .wait()
+            .at_most(Duration::from_secs(15))
+            .for_element(Locator::Css(&selector))
+            .await
+            .unwrap_or_else(|error| panic!("the {page} page never drew itself: {error}"));
+    }
+
+    /// The text of every cell of a table's body, row by row.
+    async fn table(&self, selector: &str) -> Vec<Vec<String>> {
+        let script = "return [...document.querySelectorAll(arguments[0] + ' tbody tr')]
+                          .map(tr => [...tr.children].map(td => td.textContent));";
+        let value = self.client.execute(script, vec![json!(selector)]).await.expect("read table");
+        serde_json::from_value(value).expect("rows of strings")
+    }
+
+    async fn screenshot(&self, name: &str) {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/ui-screenshots");
+        std::fs::create_dir_all(&dir).expect("screenshot folder");
+        let png = self.client.screenshot().await.expect("screenshot");
+        std::fs::write(dir.join(format!("{name}.png")), png).expect("write the screenshot");
+    }
+
+    async fn close(self) {
+        self.client.close().await.expect("close the browser");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tenants_page_shows_the_apis_tenants_and_queriers() {
+    let Some(browser) = Browser::start().await else { return };
+    let app = spawn_app().await;
+    app.http
+        .put(app.url("/admin/tenants/acme"))
+        .json(&json!({ "max_queriers": 1, "max_outstanding": 500 }))
+        .send()
+        .await
+        .expect("set a tenant");
+    app.submit(json!({ "user": "bob", "tenant": "acme", "steps": [{ "service": "q" }],
+                       "items": [{ "payload": 1 }, { "payload": 2 }] }))
+        .await;
+    app.claim_with("service=q&querier=pod-a").await;
+
+    browser.open(&app, "tenants").await;
+    let tenants: Value = app.get("/admin/tenants").await.json().await.expect("JSON");
+    let shown = browser.table("#tenant-list").await;
+    assert_eq!(shown.len(), tenants["tenants"].as_array().map_or(0, Vec::len));
+    let acme = shown.iter().find(|row| row[0] == "acme").expect("acme is listed");
+    assert_eq!(acme[1..4], ["1", "500", "1"], "limits and waiting items: {shown:?}");
+    assert_eq!(acme[4], "every querier", "one querier: the shard is all of them");
+    let queriers = browser.table("#querier-list").await;
+    assert_eq!(queriers[0][..3], ["pod-a", "active", "1"], "{queriers:?}");
+    browser.screenshot("tenants").await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_users_page_shows_the_user_work_rows_and_filters_them() {
+    let Some(browser) = Browser::start().await else { return };
+    let app = spawn_app().await;
+    app.submit_simple("alice", "subsetter", 3, false).await;
+    app.submit_simple("bob", "subsetter", 2, true).await;
+    app.submit_simple("carol", "concat", 1, true).await;
+    app.claim("subsetter").await.expect("an item");
+
+    browser.open(&app, "users").await;
+    let shown = browser.table("#user-work").await;
+    let rows: Value = app.get("/admin/user-work").await.json().await.expect("JSON");
+    let expected: Vec<Vec<String>> = rows["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|row| {
+            ["user", "service", "ready_count", "running_count"]
+                .iter()
+                .map(|key| row[key].to_string().trim_matches('"').to_owned())
+                .collect()
+        })
+        .collect();
+    let shown_columns: Vec<Vec<String>> = shown
+        .iter()
+        .map(|row| vec![row[0].clone(), row[2].clone(), row[6].clone(), row[7].clone()])
+        .collect();
+    assert_eq!(shown_columns, expected, "the page shows the API's rows");
+    browser.screenshot("users").await;
+
+    let service = browser.client.find(Locator::Css("#users-filter input[name=service]")).await;
+    service.expect("filter field").send_keys("concat").await.expect("type");
+    browser
+        .client
+        .find(Locator::Css("#users-filter button"))
+        .await
+        .expect("filter button")
+        .click()
+        .await
+        .expect("filter");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let shown = browser.table("#user-work").await;
+        if shown.len() == 1 && shown[0][0] == "carol" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the filter never applied: {shown:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fair_share_chart_draws_one_series_per_active_user() {
+    let Some(browser) = Browser::start().await else { return };
+    let app = spawn_app().await;
+    for user in ["alice", "bob", "carol"] {
+        app.submit_simple(user, "svc", 4, true).await;
+    }
+    // Three claims: one running item each, so each holds a third of the workers.
+    app.claim_with("service=svc&querier=pod-0&max=3").await;
+
+    browser.open(&app, "shares").await;
+    let users: Vec<String> = browser
+        .client
+        .execute(
+            "return [...document.querySelectorAll('#share-chart polyline.series')]
+                 .map(line => line.dataset.user);",
+            vec![],
+        )
+        .await
+        .map(|value| serde_json::from_value(value).expect("names"))
+        .expect("read the chart");
+    assert_eq!(users, ["alice", "bob", "carol"], "a series per active user");
+    // Each user holds a third of the running items; wait for a few samples to draw it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let heights: Vec<Vec<f64>> = browser
+            .client
+            .execute(
+                "return [...document.querySelectorAll('#share-chart polyline.series')]
+                     .map(line => line.getAttribute('points').split(' ')
+                                      .map(point => Number(point.split(',')[1])));",
+                vec![],
+            )
+            .await
+            .map(|value| serde_json::from_value(value).expect("numbers"))
+            .expect("read the chart");
+        if heights.iter().all(|points| points.len() >= 3) {
+            let third = 300.0 - 30.0 - (300.0 - 60.0) / 3.0;
+            for points in &heights {
+                assert!(points.iter().all(|y| (y - third).abs() < 1.0), "{heights:?}");
+            }
+            break;
+        }
+        assert!(Instant::now() < deadline, "the chart never took three samples");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    browser.screenshot("fair-share").await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_jobs_page_finds_a_users_job_shows_it_and_pauses_it() {
+    let Some(browser) = Browser::start().await else { return };
+    let app = spawn_app().await;
+    let job = app.submit_simple("dora", "svc", 3, true).await;
+    app.claim("svc").await.expect("an item");
+
+    browser.open(&app, "jobs").await;
+    let find = |selector: &'static str| browser.client.find(Locator::Css(selector));
+    find("#job-find input[name=user]")
+        .await
+        .expect("user field")
+        .send_keys("dora")
+        .await
+        .expect("type");
+    find("#job-find button").await.expect("find button").click().await.expect("find");
+    let link = browser
+        .client
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::LinkText(&job.to_string()))
+        .await
+        .expect("the user's job is listed");
+    link.click().await.expect("open the job");
+    browser
+        .client
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::XPath("//b[@id='job-status' and text()='running']"))
+        .await
+        .expect("the job's status is shown");
+    let document = app.job(job).await;
+    let steps = browser.table("#job-steps").await;
+    let step = &document["steps"][0];
+    assert_eq!(
+        steps[0][1..6],
+        [
+            step["service"].as_str().expect("service").to_owned(),
+            step["total"].to_string(),
+            step["ready"].to_string(),
+            step["running"].to_string(),
+            step["successful"].to_string(),
+        ],
+        "the step's counts are the API's"
+    );
+    let items = browser.table("#job-items").await;
+    assert_eq!(items.len(), 3, "{items:?}");
+    assert_eq!(items.iter().filter(|row| row[2] == "running").count(), 1, "{items:?}");
+    browser.screenshot("jobs").await;
+
+    find("#job-detail button[data-action=pause]")
+        .await
+        .expect("pause")
+        .click()
+        .await
+        .expect("click");
+    browser.client.accept_alert().await.expect("confirm the pause");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.job(job).await["status"] != "paused" {
+        assert!(Instant::now() < deadline, "the job was never paused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    browser
+        .client
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::XPath("//b[@id='job-status' and text()='paused']"))
+        .await
+        .expect("the page shows the pause");
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_shows_each_services_queue_as_the_api_does() {
+    let Some(browser) = Browser::start().await else { return };
+    let app = spawn_app().await;
+    app.submit_simple("alice", "subsetter", 5, true).await;
+    app.submit_simple("bob", "concat", 2, true).await;
+    app.claim("subsetter").await.expect("an item");
+
+    browser.open(&app, "overview").await;
+    let services: Value = app.get("/admin/services").await.json().await.expect("JSON");
+    let expected: Vec<Vec<String>> = services["services"]
+        .as_array()
+        .expect("services")
+        .iter()
+        .map(|service| {
+            ["service", "ready", "running", "paused"]
+                .iter()
+                .map(|key| service[key].to_string().trim_matches('"').to_owned())
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        expected,
+        [["concat", "2", "0", "0"], ["subsetter", "4", "1", "0"]],
+        "the API counts the seeded work"
+    );
+    let shown: Vec<Vec<String>> =
+        browser.table("#services").await.into_iter().map(|row| row[..4].to_vec()).collect();
+    assert_eq!(shown, expected, "the page shows the API's numbers");
+    browser.screenshot("overview").await;
+    browser.close().await;
+}
