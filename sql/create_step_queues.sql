@@ -4,16 +4,17 @@
 -- the user's users row, so the copied counters are current.
 WITH step AS (
     SELECT j.job_id, s.step_index, s.service, j.username, j.is_async, j.tenant, j.actor,
-           j.status = 'paused' AS paused
+           j.status = 'paused' AS paused,
+           EXISTS (SELECT 1 FROM job_metadata m WHERE m.job_id = j.job_id) AS has_metadata
       FROM jobs j
       JOIN job_steps s ON s.job_id = j.job_id
      WHERE j.job_id = $1
        AND s.step_index = $2
 ), step_rows AS (
     INSERT INTO user_work (job_id, step_index, component, username, service, is_async, tenant,
-                           actor, paused)
+                           actor, paused, has_metadata)
     SELECT step.job_id, step.step_index, c.component, step.username, step.service,
-           step.is_async, step.tenant, step.actor, step.paused
+           step.is_async, step.tenant, step.actor, step.paused, step.has_metadata
       FROM step, unnest($3::text[]) AS c(component)
         ON CONFLICT (job_id, step_index, component) DO NOTHING
 ), actor_rows AS (

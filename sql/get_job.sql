@@ -1,3 +1,7 @@
-SELECT job_id, username, is_async, tenant, actor, status::text, created_at, updated_at
-  FROM jobs
- WHERE job_id = $1;
+SELECT j.job_id, j.username, j.is_async, j.tenant, j.actor, j.priority, j.status::text,
+       j.created_at, j.updated_at,
+       coalesce((SELECT jsonb_object_agg(m.key, m.value)
+                   FROM job_metadata m
+                  WHERE m.job_id = j.job_id), '{}') AS metadata
+  FROM jobs j
+ WHERE j.job_id = $1;

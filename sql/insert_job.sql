@@ -1,2 +1,3 @@
--- $1 job id, $2 user, $3 is_async, $4 tenant, $5 actor path.
-INSERT INTO jobs (job_id, username, is_async, tenant, actor) VALUES ($1, $2, $3, $4, $5);
+-- $1 job id, $2 user, $3 is_async, $4 tenant, $5 actor path, $6 priority.
+INSERT INTO jobs (job_id, username, is_async, tenant, actor, priority)
+VALUES ($1, $2, $3, $4, $5, $6);

@@ -1,8 +1,11 @@
 -- Tenant $1's jobs whose status is one of $2, created before $3, or at $3 with an id below
 -- $4: the newest $5. One range of jobs_by_tenant_status per status, each stopped after $5
 -- entries, merged.
-SELECT j.job_id, j.username, j.is_async, j.tenant, j.actor, j.status::text, j.created_at,
-       j.updated_at
+SELECT j.job_id, j.username, j.is_async, j.tenant, j.actor, j.priority, j.status::text,
+       j.created_at, j.updated_at,
+       coalesce((SELECT jsonb_object_agg(m.key, m.value)
+                   FROM job_metadata m
+                  WHERE m.job_id = j.job_id), '{}') AS metadata
   FROM unnest($2::text[]::job_status[]) AS wanted(status)
  CROSS JOIN LATERAL (
        SELECT *

@@ -1,8 +1,11 @@
 -- User $1's jobs (only tenant $2's, unless NULL) whose status is one of $3, created before $4,
 -- or at $4 with an id below $5: the newest $6. One range of jobs_by_user_status per status,
 -- each stopped after $6 entries, merged.
-SELECT j.job_id, j.username, j.is_async, j.tenant, j.actor, j.status::text, j.created_at,
-       j.updated_at
+SELECT j.job_id, j.username, j.is_async, j.tenant, j.actor, j.priority, j.status::text,
+       j.created_at, j.updated_at,
+       coalesce((SELECT jsonb_object_agg(m.key, m.value)
+                   FROM job_metadata m
+                  WHERE m.job_id = j.job_id), '{}') AS metadata
   FROM unnest($3::text[]::job_status[]) AS wanted(status)
  CROSS JOIN LATERAL (
        SELECT *

@@ -1,5 +1,5 @@
 -- Deletes those of jobs $1 (finished, and locked by the caller) that have no items left,
--- with their steps and user_work rows, after remembering when those rows were last worked
+-- with their steps, metadata and user_work rows, after remembering when those rows were last worked
 -- (pruned_work), which the fair order's rows still say. Returns the deleted jobs. The emptied
 -- jobs go to each table as an array, so that each deletes by its primary key rather than
 -- joining a hundred jobs to a table it would read whole while that table is small.
@@ -23,6 +23,8 @@ WITH emptied AS (
     DELETE FROM user_work uw WHERE uw.job_id = ANY((SELECT jobs FROM emptied)::uuid[])
 ), steps AS (
     DELETE FROM job_steps s WHERE s.job_id = ANY((SELECT jobs FROM emptied)::uuid[])
+), metadata AS (
+    DELETE FROM job_metadata m WHERE m.job_id = ANY((SELECT jobs FROM emptied)::uuid[])
 )
 DELETE FROM jobs j
  WHERE j.job_id = ANY((SELECT jobs FROM emptied)::uuid[])

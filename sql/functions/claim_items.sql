@@ -25,14 +25,31 @@
 -- The membership check, the querier's touch and the list of components are made once per
 -- (service, querier) in the batch, not per item.
 --
+-- A request with a strategy (p_strategies[i], README "Claim strategies") replaces 2 to 5: its
+-- attempts in turn, each reading claimable_steps (or claimable_step_metadata, under a
+-- select_only filter) in the attempt's order from the head of that order's index: oldest and
+-- newest by the job's submission order, priority by the job's priority then submission order,
+-- random from a random cut of a hash fixed per step, wrapping. `fair` under a filter or a cap
+-- is read in submission order: the fair order cannot be filtered without walking users. Each
+-- step met is checked against the attempt's other filters, the querier's shards and its caps
+-- by the logged running counts; the first that passes and whose user is free is taken, at its
+-- lowest ready item, as 6 takes the fair order's. Under a hard cap (max_simultaneous) the
+-- value's strategy_running row is locked (SKIP LOCKED), its log folded and its count read
+-- afresh first, so that no two transactions admit against the same count. At most 256 steps
+-- are read per attempt, so that steps held or capped at the head of an order cannot make a
+-- claim walk the backlog.
+--
 -- Answer: a row per claimed item, tagged with its request's index (1-based). A request that got
 -- nothing has one row with id NULL and querier_state saying why: NULL, the querier is not a
 -- member yet (the broker has it join, then asks again); 'shutting_down'; 'active', nothing
 -- claimable was free (none exists, or every user with it is held by another transaction).
+-- For a strategy, passed_over then says whether a step was passed over because another
+-- transaction held its user or its capped value's row (so that looking again may find it).
 --
 -- Locks, in the order every transaction keeps: the tenant rows with logged changes, folded
--- first (fold_tenant_running_changes); then per item the user's users row (SKIP LOCKED), the
--- item, the counter rows; the tenant's row last. A claim waits for a tenant row only when it
+-- first (fold_tenant_running_changes); then per item the user's users row (SKIP LOCKED), a
+-- capped value's strategy_running row (SKIP LOCKED), the item, the counter rows; the tenant's
+-- row last. A claim waits for a tenant row only when it
 -- sorts after every tenant row the transaction holds, the order apply_tenant_deltas takes them
 -- in, so that waits cannot form a cycle; otherwise it takes the row without waiting or passes
 -- the tenant over for the rest of the batch. A chosen user whose place in the order changed
@@ -46,7 +63,10 @@ CREATE OR REPLACE FUNCTION claim_items(
     p_maxes integer[],
     p_lease_ms bigint,
     -- An active querier's last_seen moves at most once per this many milliseconds.
-    p_touch_ms bigint
+    p_touch_ms bigint,
+    -- Request i's strategy (NULL: the fair order), as the broker normalises it: a list of
+    -- attempts, each {"order", "only": [{"key", "value"}], "caps": [{"key", "max", "hard"}]}.
+    p_strategies jsonb[]
 )
 RETURNS TABLE (
     request integer,
@@ -61,7 +81,8 @@ RETURNS TABLE (
     attempt integer,
     lease_expires_at timestamptz,
     tenant text,
-    actor text[]
+    actor text[],
+    passed_over boolean
 )
 LANGUAGE plpgsql
 AS $claims$
@@ -91,6 +112,21 @@ DECLARE
     v_counted boolean;
     -- Tenant queues whose rows other transactions held when this one could not wait for them.
     v_passed text[] := '{}';
+    -- A strategy's state: its attempts, the one being read, and the step it chose.
+    v_attempts jsonb;
+    v_attempt jsonb;
+    v_order text;
+    v_only jsonb;
+    v_key text;
+    v_value jsonb;
+    v_cut integer;
+    v_cursor refcursor;
+    v_candidate record;
+    v_cap record;
+    v_chosen boolean;
+    v_use_fair boolean;
+    v_step_job uuid;
+    v_step_index integer;
 BEGIN
     -- The running-count changes logged since the last batch, first: the tenant order below
     -- reads the counts. The rows folded are held from here on, so the greatest is the bound
@@ -121,6 +157,8 @@ BEGIN
         lease_expires_at := NULL;
         tenant := NULL;
         actor := NULL;
+        passed_over := false;
+        v_attempts := p_strategies[i];
 
         IF (v_service, v_querier) IS DISTINCT FROM (v_checked_service, v_checked_querier) THEN
             v_checked_service := v_service;
@@ -171,47 +209,240 @@ BEGIN
         WHILE v_claimed < p_maxes[i] AND v_count > 0 LOOP
             <<looks>>
             FOR look IN 1 .. 4 LOOP
-                -- 2 and 3: tenant, then user, with the user's own-jobs counts.
-                FOR turn IN 0 .. v_count - 1 LOOP
-                    v_component := v_components[1 + (v_worker + turn) % v_count];
-                    SELECT best.username, tq.tenant, best.stale, best.ready_count,
-                           best.local_ready, best.local_running, best.local_last_worked
-                      INTO v_pick
-                      FROM tenant_queues tq
-                      JOIN tenants t ON t.tenant = tq.tenant
-                     CROSS JOIN LATERAL (
-                           SELECT u.username,
-                                  u.running_count IS DISTINCT FROM su.running_count
-                                      OR u.last_worked IS DISTINCT FROM su.last_worked AS stale,
-                                  su.ready_count, su.local_ready, su.local_running,
-                                  su.local_last_worked
-                             FROM service_users su
-                             JOIN users u ON u.username = su.username
-                            WHERE su.service = v_service
-                              AND su.component = tq.component
-                              AND su.tenant = tq.tenant
-                              AND su.ready_count > 0
-                            ORDER BY su.running_count, su.last_worked NULLS FIRST, su.username
-                            LIMIT 1
-                              FOR NO KEY UPDATE OF u SKIP LOCKED
-                           ) best
-                     WHERE tq.service = v_service
-                       AND tq.component = v_component
-                       AND tq.active
-                       AND ROW(tq.service, tq.component, tq.tenant)::text <> ALL (v_passed)
-                       -- A scalar subquery, not EXISTS: it stays a primary-key probe per tenant.
-                       AND (NOT t.sharded
-                            OR (SELECT true
-                                  FROM tenant_shards ts
-                                 WHERE ts.tenant = tq.tenant
-                                   AND ts.querier = v_querier))
-                     ORDER BY tq.running_count, tq.last_worked NULLS FIRST, tq.tenant
-                     LIMIT 1;
-                    EXIT WHEN FOUND;
-                END LOOP;
-                -- Nothing free for this request: the rest of the batch may still find work.
-                EXIT items WHEN v_pick.username IS NULL;
-                CONTINUE looks WHEN v_pick.stale;
+                v_step_job := NULL;
+                v_use_fair := v_attempts IS NULL;
+                IF NOT v_use_fair THEN
+                    -- A strategy: its attempts in turn, each reading the claimable steps in
+                    -- its order from the head of an index, until one yields a step.
+                    v_chosen := false;
+                    <<attempts>>
+                    FOR attempt_no IN 0 .. jsonb_array_length(v_attempts) - 1 LOOP
+                        v_attempt := v_attempts -> attempt_no;
+                        v_order := v_attempt ->> 'order';
+                        -- The fair order itself, unfiltered: the fair claim below.
+                        IF v_order = 'fair' AND v_attempt -> 'only' = '[]'
+                           AND v_attempt -> 'caps' = '[]'
+                        THEN
+                            v_use_fair := true;
+                            EXIT attempts;
+                        END IF;
+                        -- The first select_only filter picks the index; the rest are checked
+                        -- per step below.
+                        v_only := v_attempt -> 'only' -> 0;
+                        v_cut := (floor(random() * 4294967296) - 2147483648)::integer;
+                        IF v_only IS NULL THEN
+                            IF v_order = 'newest' THEN
+                                OPEN v_cursor FOR
+                                    SELECT cs.job_id, cs.step_index, cs.component, cs.tenant
+                                      FROM claimable_steps cs
+                                     WHERE cs.service = v_service
+                                     ORDER BY cs.seq DESC;
+                            ELSIF v_order = 'priority' THEN
+                                OPEN v_cursor FOR
+                                    SELECT cs.job_id, cs.step_index, cs.component, cs.tenant
+                                      FROM claimable_steps cs
+                                     WHERE cs.service = v_service
+                                     ORDER BY cs.priority DESC, cs.seq;
+                            ELSIF v_order = 'random' THEN
+                                -- Cut the deck at a random place, and wrap.
+                                OPEN v_cursor FOR
+                                    (SELECT cs.job_id, cs.step_index, cs.component, cs.tenant
+                                       FROM claimable_steps cs
+                                      WHERE cs.service = v_service
+                                        AND cs.shuffle >= v_cut
+                                      ORDER BY cs.shuffle)
+                                    UNION ALL
+                                    (SELECT cs.job_id, cs.step_index, cs.component, cs.tenant
+                                       FROM claimable_steps cs
+                                      WHERE cs.service = v_service
+                                        AND cs.shuffle < v_cut
+                                      ORDER BY cs.shuffle);
+                            ELSE
+                                -- oldest, and fair under a filter or a cap (see the header).
+                                OPEN v_cursor FOR
+                                    SELECT cs.job_id, cs.step_index, cs.component, cs.tenant
+                                      FROM claimable_steps cs
+                                     WHERE cs.service = v_service
+                                     ORDER BY cs.seq;
+                            END IF;
+                        ELSE
+                            v_key := v_only ->> 'key';
+                            v_value := v_only -> 'value';
+                            IF v_order = 'newest' THEN
+                                OPEN v_cursor FOR
+                                    SELECT cm.job_id, cm.step_index, cm.component, NULL::text
+                                      FROM claimable_step_metadata cm
+                                     WHERE (cm.service, cm.key, cm.value)
+                                           = (v_service, v_key, v_value)
+                                     ORDER BY cm.seq DESC;
+                            ELSIF v_order = 'priority' THEN
+                                OPEN v_cursor FOR
+                                    SELECT cm.job_id, cm.step_index, cm.component, NULL::text
+                                      FROM claimable_step_metadata cm
+                                     WHERE (cm.service, cm.key, cm.value)
+                                           = (v_service, v_key, v_value)
+                                     ORDER BY cm.priority DESC, cm.seq;
+                            ELSIF v_order = 'random' THEN
+                                OPEN v_cursor FOR
+                                    (SELECT cm.job_id, cm.step_index, cm.component, NULL::text
+                                       FROM claimable_step_metadata cm
+                                      WHERE (cm.service, cm.key, cm.value)
+                                            = (v_service, v_key, v_value)
+                                        AND cm.shuffle >= v_cut
+                                      ORDER BY cm.shuffle)
+                                    UNION ALL
+                                    (SELECT cm.job_id, cm.step_index, cm.component, NULL::text
+                                       FROM claimable_step_metadata cm
+                                      WHERE (cm.service, cm.key, cm.value)
+                                            = (v_service, v_key, v_value)
+                                        AND cm.shuffle < v_cut
+                                      ORDER BY cm.shuffle);
+                            ELSE
+                                OPEN v_cursor FOR
+                                    SELECT cm.job_id, cm.step_index, cm.component, NULL::text
+                                      FROM claimable_step_metadata cm
+                                     WHERE (cm.service, cm.key, cm.value)
+                                           = (v_service, v_key, v_value)
+                                     ORDER BY cm.seq;
+                            END IF;
+                        END IF;
+                        <<candidates>>
+                        FOR seen IN 1 .. 256 LOOP
+                            FETCH v_cursor INTO v_candidate;
+                            EXIT candidates WHEN NOT FOUND;
+                            -- The step's other filters, the querier's shards, a tenant passed
+                            -- over, and every cap by the running counts as logged so far
+                            -- (exact for hard caps only once locked, below).
+                            SELECT uw.username, uw.tenant, false AS stale, 0 AS ready_count,
+                                   0 AS local_ready, 0 AS local_running,
+                                   NULL::timestamptz AS local_last_worked, uw.actor
+                              INTO v_pick
+                              FROM user_work uw
+                              JOIN tenants t ON t.tenant = uw.tenant
+                             WHERE (uw.job_id, uw.step_index, uw.component)
+                                   = (v_candidate.job_id, v_candidate.step_index,
+                                      v_candidate.component)
+                               AND uw.ready_count > 0
+                               AND NOT uw.paused
+                               AND ROW(v_service, uw.component, uw.tenant)::text
+                                   <> ALL (v_passed)
+                               AND (NOT t.sharded
+                                    OR (SELECT true
+                                          FROM tenant_shards ts
+                                         WHERE ts.tenant = uw.tenant
+                                           AND ts.querier = v_querier))
+                               AND NOT EXISTS (
+                                       SELECT 1
+                                         FROM jsonb_array_elements(v_attempt -> 'only') f
+                                        WHERE NOT EXISTS (
+                                                  SELECT 1
+                                                    FROM job_metadata m
+                                                   WHERE (m.job_id, m.key, m.value)
+                                                         = (uw.job_id, f ->> 'key',
+                                                            f -> 'value')))
+                               AND NOT EXISTS (
+                                       SELECT 1
+                                         FROM jsonb_array_elements(v_attempt -> 'caps') c
+                                         JOIN job_metadata m
+                                           ON (m.job_id, m.key) = (uw.job_id, c ->> 'key')
+                                         JOIN strategy_running r
+                                           ON (r.service, r.key, r.value)
+                                              = (v_service, m.key, m.value)
+                                        WHERE r.running
+                                              + coalesce((SELECT sum(l.running)
+                                                            FROM strategy_running_changes l
+                                                           WHERE (l.service, l.key, l.value)
+                                                                 = (r.service, r.key, r.value)),
+                                                         0)
+                                              >= (c ->> 'max')::integer);
+                            CONTINUE candidates WHEN NOT FOUND;
+                            PERFORM 1
+                               FROM users u
+                              WHERE u.username = v_pick.username
+                                FOR NO KEY UPDATE SKIP LOCKED;
+                            IF NOT FOUND THEN
+                                passed_over := true;
+                                CONTINUE candidates;
+                            END IF;
+                            -- Hard caps: the value's row locked (never waited for), its log
+                            -- folded, and its count read afresh.
+                            FOR v_cap IN
+                                SELECT c ->> 'key' AS key, (c ->> 'max')::integer AS max,
+                                       m.value
+                                  FROM jsonb_array_elements(v_attempt -> 'caps') c
+                                  JOIN job_metadata m
+                                    ON (m.job_id, m.key) = (v_candidate.job_id, c ->> 'key')
+                                 WHERE (c ->> 'hard')::boolean
+                            LOOP
+                                IF NOT fold_strategy_running(v_service, v_cap.key, v_cap.value)
+                                THEN
+                                    passed_over := true;
+                                    CONTINUE candidates;
+                                END IF;
+                                IF (SELECT r.running
+                                      FROM strategy_running r
+                                     WHERE (r.service, r.key, r.value)
+                                           = (v_service, v_cap.key, v_cap.value))
+                                   >= v_cap.max
+                                THEN
+                                    CONTINUE candidates;
+                                END IF;
+                            END LOOP;
+                            v_chosen := true;
+                            EXIT candidates;
+                        END LOOP;
+                        CLOSE v_cursor;
+                        EXIT attempts WHEN v_chosen;
+                    END LOOP;
+                    EXIT items WHEN NOT (v_chosen OR v_use_fair);
+                    v_component := v_candidate.component;
+                    v_path := v_pick.actor;
+                    v_step_job := v_candidate.job_id;
+                    v_step_index := v_candidate.step_index;
+                END IF;
+                IF v_use_fair THEN
+                    -- 2 and 3: tenant, then user, with the user's own-jobs counts.
+                    FOR turn IN 0 .. v_count - 1 LOOP
+                        v_component := v_components[1 + (v_worker + turn) % v_count];
+                        SELECT best.username, tq.tenant, best.stale, best.ready_count,
+                               best.local_ready, best.local_running, best.local_last_worked
+                          INTO v_pick
+                          FROM tenant_queues tq
+                          JOIN tenants t ON t.tenant = tq.tenant
+                         CROSS JOIN LATERAL (
+                               SELECT u.username,
+                                      u.running_count IS DISTINCT FROM su.running_count
+                                          OR u.last_worked IS DISTINCT FROM su.last_worked AS stale,
+                                      su.ready_count, su.local_ready, su.local_running,
+                                      su.local_last_worked
+                                 FROM service_users su
+                                 JOIN users u ON u.username = su.username
+                                WHERE su.service = v_service
+                                  AND su.component = tq.component
+                                  AND su.tenant = tq.tenant
+                                  AND su.ready_count > 0
+                                ORDER BY su.running_count, su.last_worked NULLS FIRST, su.username
+                                LIMIT 1
+                                  FOR NO KEY UPDATE OF u SKIP LOCKED
+                               ) best
+                         WHERE tq.service = v_service
+                           AND tq.component = v_component
+                           AND tq.active
+                           AND ROW(tq.service, tq.component, tq.tenant)::text <> ALL (v_passed)
+                           -- A scalar subquery, not EXISTS: it stays a primary-key probe per tenant.
+                           AND (NOT t.sharded
+                                OR (SELECT true
+                                      FROM tenant_shards ts
+                                     WHERE ts.tenant = tq.tenant
+                                       AND ts.querier = v_querier))
+                         ORDER BY tq.running_count, tq.last_worked NULLS FIRST, tq.tenant
+                         LIMIT 1;
+                        EXIT WHEN FOUND;
+                    END LOOP;
+                    -- Nothing free for this request: the rest of the batch may still find work.
+                    EXIT items WHEN v_pick.username IS NULL;
+                    CONTINUE looks WHEN v_pick.stale;
+                END IF;
 
                 -- The tenant's row, kept while other tenants compete for the component,
                 -- is written after the item, and waited for then only when its key sorts after
@@ -235,10 +466,13 @@ BEGIN
                     END IF;
                 END IF;
 
-                -- 4. Down the actor tree, unless all of the user's ready work is its own.
-                v_path := '{}';
+                -- 4. Down the actor tree, unless all of the user's ready work is its own. A
+                -- strategy's step has its own path.
+                IF v_step_job IS NULL THEN
+                    v_path := '{}';
+                END IF;
                 v_own := v_pick;
-                WHILE v_pick.ready_count > v_pick.local_ready LOOP
+                WHILE v_step_job IS NULL AND v_pick.ready_count > v_pick.local_ready LOOP
                     SELECT a.path, a.running_count, a.last_worked
                       INTO v_child
                       FROM actor_queues a
@@ -265,18 +499,28 @@ BEGIN
                 -- One instant for every row this claim touches.
                 v_at := clock_timestamp();
                 WITH step AS (
+                    (SELECT uw.job_id, uw.step_index, uw.ready_from,
+                            uw.last_worked IS NULL AS first_claim
+                       FROM user_work uw
+                      WHERE v_step_job IS NULL
+                        AND uw.service = v_service
+                        AND uw.component = v_component
+                        AND uw.tenant = v_pick.tenant
+                        AND uw.username = v_pick.username
+                        AND uw.actor = v_path
+                        AND uw.ready_count > 0
+                        AND NOT uw.paused
+                      ORDER BY uw.is_async, uw.last_worked NULLS FIRST, uw.job_id, uw.step_index
+                      LIMIT 1)
+                    UNION ALL
+                    -- The step a strategy chose.
                     SELECT uw.job_id, uw.step_index, uw.ready_from,
                            uw.last_worked IS NULL AS first_claim
                       FROM user_work uw
-                     WHERE uw.service = v_service
-                       AND uw.component = v_component
-                       AND uw.tenant = v_pick.tenant
-                       AND uw.username = v_pick.username
-                       AND uw.actor = v_path
+                     WHERE (uw.job_id, uw.step_index, uw.component)
+                           = (v_step_job, v_step_index, v_component)
                        AND uw.ready_count > 0
                        AND NOT uw.paused
-                     ORDER BY uw.is_async, uw.last_worked NULLS FIRST, uw.job_id, uw.step_index
-                     LIMIT 1
                 ), item AS (
                     UPDATE work_items wi
                        SET status = 'running',

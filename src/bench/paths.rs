@@ -51,6 +51,7 @@ impl Runner {
                     querier: QuerierName::parse("bench")?,
                     worker: (worker % 1024) as i32,
                     max,
+                    strategy: None,
                 };
                 Ok(broker
                     .claim(&request)

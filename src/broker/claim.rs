@@ -1,11 +1,13 @@
 use std::pin::pin;
 use std::time::Duration;
 
+use serde_json::Value;
 use tokio::time::Instant;
 
 use super::batch::{answer_each, batch_index};
 use super::model::{ClaimRequest, WorkItem};
 use super::rows;
+use super::strategy::ends_in_fair;
 use super::{Broker, BrokerError};
 use crate::db::sql::{self, CLAIM_ITEMS, HAS_CLAIMABLE_WORK, VACUUM_FAIR_ORDER};
 use crate::metrics::{ClaimOutcome, ClaimedItem};
@@ -86,10 +88,14 @@ impl Broker {
         let workers: Vec<i32> = requests.iter().map(|r| r.worker).collect();
         let maxes: Vec<i32> =
             requests.iter().map(|r| i32::try_from(r.max).unwrap_or(i32::MAX)).collect();
+        let strategies: Vec<Option<&Value>> =
+            requests.iter().map(|r| r.strategy.as_deref()).collect();
         let (lease, touch_every) = (self.lease_millis(), self.touch_every_millis());
-        let params: sql::Params = &[&services, &queriers, &workers, &maxes, &lease, &touch_every];
+        let params: sql::Params =
+            &[&services, &queriers, &workers, &maxes, &lease, &touch_every, &strategies];
         let mut items: Vec<Vec<WorkItem>> = requests.iter().map(|_| Vec::new()).collect();
         let mut states: Vec<Option<String>> = vec![None; requests.len()];
+        let mut passed_over = vec![false; requests.len()];
         let claimed = sql::query(&client, CLAIM_ITEMS, params).await?;
         self.claims_committed.notify_waiters();
         let lease = chrono::Duration::milliseconds(lease);
@@ -98,6 +104,8 @@ impl Broker {
             states[request] = row.try_get("querier_state")?;
             if row.try_get::<_, Option<i64>>("id")?.is_some() {
                 items[request].push(rows::work_item(&row, services[request])?);
+            } else {
+                passed_over[request] = row.try_get::<_, Option<bool>>("passed_over")? == Some(true);
             }
         }
         // Only a first attempt is known to have waited since its creation; a retry's wait
@@ -111,12 +119,19 @@ impl Broker {
             }
         }));
         let mut looks = Vec::with_capacity(requests.len());
-        for ((request, items), state) in requests.iter().zip(items).zip(states) {
+        for (((request, items), state), passed_over) in
+            requests.iter().zip(items).zip(states).zip(passed_over)
+        {
             looks.push(match state.as_deref() {
                 _ if !items.is_empty() => Ok(Look::Claimed(items)),
                 None => Ok(Look::NotMember),
                 Some("shutting_down") => {
                     Err(BrokerError::QuerierShuttingDown(request.querier.as_str().to_owned()))
+                }
+                // A strategy that never reaches the fair order knows whether it passed over
+                // held work; work it filtered out or capped is not work for it.
+                Some(_) if request.strategy.as_deref().is_some_and(|s| !ends_in_fair(s)) => {
+                    Ok(if passed_over { Look::Contended } else { Look::Nothing })
                 }
                 // The batch has committed: an error from here on is this request's alone.
                 Some(_) => {

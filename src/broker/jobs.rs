@@ -13,8 +13,9 @@ use super::{Broker, BrokerError};
 use crate::db::sql::{
     self, APPLY_STEP_DELTAS, APPLY_TENANT_DELTAS, CANCEL_JOB_ITEMS, COUNT_OUTSTANDING,
     CREATE_STEP_QUEUES, CREATE_TENANT, CREATE_USER, GET_JOB, GET_JOBS_STEPS,
-    INSERT_FIRST_STEP_ITEMS, INSERT_JOB, INSERT_JOB_STEPS, LOCK_JOB_OWNER, LOCK_TENANT_LIMIT,
-    LOCK_USER, NOTIFY_JOB_FINISHED, NOTIFY_WORK_READY, SET_JOB_PAUSED, SET_JOB_STATUS,
+    INSERT_FIRST_STEP_ITEMS, INSERT_JOB, INSERT_JOB_METADATA, INSERT_JOB_STEPS, LOCK_JOB_OWNER,
+    LOCK_TENANT_LIMIT, LOCK_USER, NOTIFY_JOB_FINISHED, NOTIFY_WORK_READY, SET_JOB_PAUSED,
+    SET_JOB_STATUS,
 };
 use crate::metrics::Finish;
 
@@ -139,8 +140,15 @@ impl Broker {
         sql::execute(&tx, CREATE_TENANT, &[&tenant]).await?;
         admit(&tx, tenant, job.items.len()).await?;
         let actor = job.actor.names();
-        sql::execute(&tx, INSERT_JOB, &[&job_id.0, &user, &job.is_async, &tenant, &actor]).await?;
+        let params: sql::Params =
+            &[&job_id.0, &user, &job.is_async, &tenant, &actor, &job.priority];
+        sql::execute(&tx, INSERT_JOB, params).await?;
         sql::execute(&tx, INSERT_JOB_STEPS, &[&job_id.0, &services, &aggregates]).await?;
+        if !job.metadata.keys.is_empty() {
+            let params: sql::Params =
+                &[&job_id.0, &job.metadata.keys, &job.metadata.values, &services];
+            sql::execute(&tx, INSERT_JOB_METADATA, params).await?;
+        }
         add_first_step_items(&tx, job_id, &job.items).await?;
         tx.commit().await?;
         Ok(job_id)

@@ -14,6 +14,7 @@ mod outcome;
 pub mod pruning;
 mod rows;
 mod signals;
+pub mod strategy;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::error::BrokerError;
+use super::strategy::Metadata;
 
 /// A job's id, as producers see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
@@ -255,6 +256,10 @@ pub struct NewJob {
     pub steps: Vec<StepSpec>,
     /// The first step's items, in order.
     pub items: Vec<NewItem>,
+    /// Strategic metadata, which claim strategies filter and count by.
+    pub metadata: Metadata,
+    /// Higher goes first under the `priority` strategy.
+    pub priority: i32,
 }
 
 impl NewJob {
@@ -265,6 +270,8 @@ impl NewJob {
         is_async: bool,
         steps: Vec<StepSpec>,
         items: Vec<NewItem>,
+        metadata: Metadata,
+        priority: i32,
     ) -> Result<Self, BrokerError> {
         if steps.is_empty() {
             return Err(BrokerError::invalid("invalid_steps", "a job needs at least one step"));
@@ -279,7 +286,7 @@ impl NewJob {
             return Err(BrokerError::invalid("invalid_items", "a job needs at least one item"));
         }
         items.iter().try_for_each(|item| reject_nul(&item.payload, "a payload"))?;
-        Ok(Self { user, tenant, actor, is_async, steps, items })
+        Ok(Self { user, tenant, actor, is_async, steps, items, metadata, priority })
     }
 }
 
@@ -382,6 +389,8 @@ pub struct JobDocument {
     pub tenant: String,
     pub actor: Vec<String>,
     pub is_async: bool,
+    pub priority: i32,
+    pub metadata: Value,
     pub status: JobStatus,
     pub progress: u8,
     pub steps: Vec<StepDocument>,
@@ -438,6 +447,8 @@ pub struct ClaimRequest {
     pub worker: i32,
     /// How many items to hand out at most, each chosen as fairly as a single claim.
     pub max: usize,
+    /// The strategy's attempts as `claim_items` reads them; None for the fair order.
+    pub strategy: Option<std::sync::Arc<Value>>,
 }
 
 /// What a worker reports about the attempt it holds.

@@ -46,6 +46,8 @@ pub fn job_document(
         tenant: job.try_get("tenant")?,
         actor: job.try_get("actor")?,
         is_async: job.try_get("is_async")?,
+        priority: job.try_get("priority")?,
+        metadata: job.try_get("metadata")?,
         status,
         progress: progress(status, &steps),
         steps,

@@ -39,6 +39,7 @@ statements! {
     INSERT_AGGREGATE_ITEM = "insert_aggregate_item";
     INSERT_FIRST_STEP_ITEMS = "insert_first_step_items";
     INSERT_JOB = "insert_job";
+    INSERT_JOB_METADATA = "insert_job_metadata";
     INSERT_JOB_STEPS = "insert_job_steps";
     INSERT_NEXT_STEP_ITEMS = "insert_next_step_items";
     JOIN_QUERIER = "join_querier";

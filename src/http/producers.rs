@@ -17,6 +17,7 @@ use crate::broker::model::{
     ActorPath, ComponentName, ItemStatus, JobDocument, JobId, JobStatus, NewItem, NewJob,
     ServiceName, StepSpec, TenantName, UserName,
 };
+use crate::broker::strategy::{parse_priority, Metadata};
 use crate::broker::Broker;
 
 /// The longest a producer may ask to wait for a job in one request, in seconds.
@@ -59,6 +60,10 @@ pub struct JobBody {
     #[schema(min_items = 1)]
     steps: Vec<StepBody>,
     items: Vec<ItemBody>,
+    /// Read as any JSON, so that a bad shape gets invalid_metadata or invalid_priority rather
+    /// than a generic invalid_body.
+    metadata: Option<Value>,
+    priority: Option<Value>,
 }
 
 fn default_is_async() -> bool {
@@ -119,6 +124,8 @@ impl JobBody {
             Some(name) => TenantName::parse(&name)?,
             None => TenantName::default(),
         };
+        let metadata = self.metadata.as_ref().map(Metadata::parse).transpose()?;
+        let priority = self.priority.as_ref().map(parse_priority).transpose()?;
         Ok(NewJob::new(
             UserName::parse(&self.user)?,
             tenant,
@@ -126,6 +133,8 @@ impl JobBody {
             self.is_async,
             steps,
             validate_items(self.items)?,
+            metadata.unwrap_or_default(),
+            priority.unwrap_or(0),
         )?)
     }
 }

@@ -13,6 +13,7 @@ use crate::broker::model::{
     ClaimRequest, ComponentName, ItemStatus, QuerierName, ServiceName, StatusUpdate, WorkItem,
     WorkItemId,
 };
+use crate::broker::strategy::Strategy;
 use crate::broker::Broker;
 
 const MAX_WORKER_SLOT: u32 = 1023;
@@ -48,6 +49,8 @@ struct WorkQuery {
     #[serde(default = "one")]
     #[param(minimum = 1, maximum = 100, default = 1)]
     max: u32,
+    /// How this claim picks its items (README, "Claim strategies"); the fair order without.
+    strategy: Option<String>,
 }
 
 /// Items handed out, leased to the asking worker.
@@ -90,6 +93,10 @@ async fn get_work(
         // Both bounded by the checks above.
         worker: query.worker as i32,
         max: query.max as usize,
+        strategy: match query.strategy.as_deref() {
+            Some(text) => Strategy::parse(text)?.to_claim_argument(),
+            None => None,
+        },
     };
     let items = broker.claim_waiting(&request, Duration::from_secs(u64::from(query.wait))).await?;
     if items.is_empty() {
