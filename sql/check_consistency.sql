@@ -116,6 +116,52 @@ WITH work AS (
                 WHERE (tq.service, tq.component, tq.tenant) = (c.service, c.component, c.tenant)
                   AND tq.active
            )
+), strategy_actual AS (
+    -- Running items per (service, metadata key, value), counted from the items.
+    SELECT uw.service, m.key, m.value, count(*)::integer AS running
+      FROM work_items wi
+      JOIN user_work uw
+        ON (uw.job_id, uw.step_index, uw.component) = (wi.job_id, wi.step_index, wi.component)
+      JOIN job_metadata m ON m.job_id = wi.job_id
+     WHERE wi.status = 'running'
+     GROUP BY uw.service, m.key, m.value
+), strategy_recorded AS (
+    -- Each row's count plus its changes logged but not yet folded.
+    SELECT r.service, r.key, r.value,
+           r.running + coalesce((SELECT sum(c.running)
+                                   FROM strategy_running_changes c
+                                  WHERE (c.service, c.key, c.value) = (r.service, r.key, r.value)),
+                                0)::integer AS running
+      FROM strategy_running r
+), strategy_counts AS (
+    SELECT coalesce(r.service, a.service) AS service, coalesce(r.key, a.key) AS key,
+           coalesce(r.value, a.value) AS value,
+           jsonb_build_object('running', r.running) AS recorded,
+           jsonb_build_object('running', coalesce(a.running, 0)) AS actual
+      FROM strategy_recorded r
+      FULL JOIN strategy_actual a
+             ON (a.service, a.key, a.value) = (r.service, r.key, r.value)
+), claimable_counts AS (
+    -- A claimable_steps row exactly for each step with ready items that is not paused, with
+    -- a claimable_step_metadata row per metadata key of its job.
+    SELECT coalesce(uw.job_id, cs.job_id) AS job_id,
+           coalesce(uw.step_index, cs.step_index) AS step_index,
+           coalesce(uw.component, cs.component) AS component,
+           jsonb_build_object('claimable', cs.job_id IS NOT NULL,
+                              'metadata_rows', (SELECT count(*)
+                                                  FROM claimable_step_metadata cm
+                                                 WHERE (cm.job_id, cm.step_index, cm.component)
+                                                       = (cs.job_id, cs.step_index, cs.component)))
+               AS recorded,
+           jsonb_build_object('claimable', uw.job_id IS NOT NULL,
+                              'metadata_rows', CASE WHEN uw.job_id IS NULL THEN 0
+                                                    ELSE (SELECT count(*)
+                                                            FROM job_metadata m
+                                                           WHERE m.job_id = uw.job_id) END)
+               AS actual
+      FROM (SELECT * FROM user_work WHERE ready_count > 0 AND NOT paused) uw
+      FULL JOIN claimable_steps cs
+             ON (cs.job_id, cs.step_index, cs.component) = (uw.job_id, uw.step_index, uw.component)
 )
 SELECT 'user_work' AS table_name,
        jsonb_build_object('job_id', job_id, 'step', step_index, 'component', component) AS row_key,
@@ -148,4 +194,18 @@ SELECT 'tenant_queues',
        jsonb_build_object('service', service, 'component', component, 'tenant', tenant),
        jsonb_build_object('active', false),
        jsonb_build_object('active', true)
-  FROM unlisted_tenants;
+  FROM unlisted_tenants
+UNION ALL
+SELECT 'strategy_running',
+       jsonb_build_object('service', service, 'key', key, 'value', value),
+       recorded,
+       actual
+  FROM strategy_counts
+ WHERE recorded <> actual
+UNION ALL
+SELECT 'claimable_steps',
+       jsonb_build_object('job_id', job_id, 'step', step_index, 'component', component),
+       recorded,
+       actual
+  FROM claimable_counts
+ WHERE recorded <> actual;

@@ -7,5 +7,7 @@
 -- No truncation: these tables empty and refill their last pages all the time, and a vacuum
 -- that tries to truncate them waits for an exclusive lock the claims never leave free, up to
 -- 5 s per table, in which no other pass runs (seen in pg_stat_activity as VacuumTruncate).
+-- The claimable steps, the strategies' running counts and their log churn the same way.
 VACUUM (SKIP_LOCKED, TRUNCATE false) users, service_users, user_work, tenant_queues, actor_queues,
-    tenant_running_changes;
+    tenant_running_changes, claimable_steps, claimable_step_metadata, strategy_running,
+    strategy_running_changes;

@@ -188,8 +188,9 @@ pub fn maintain(broker: &Broker, args: &ServeArgs) -> Vec<JoinHandle<()>> {
     tasks
 }
 
-/// On a fixed cadence: expires leases, retires and forgets queriers, and tidies the tenant
-/// level of the fair order. Several brokers may run this at once.
+/// On a fixed cadence: expires leases, retires and forgets queriers, tidies the tenant level
+/// of the fair order, and folds the strategies' running-count log. Several brokers may run this
+/// at once.
 async fn reap(broker: Broker, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -205,6 +206,9 @@ async fn reap(broker: Broker, interval: Duration) {
         }
         if let Err(error) = broker.tidy_tenant_queues().await {
             tracing::warn!(%error, "tenant queue pass failed");
+        }
+        if let Err(error) = broker.fold_strategy_running().await {
+            tracing::warn!(%error, "strategy running-count pass failed");
         }
     }
 }

@@ -365,7 +365,8 @@ BEGIN
                                 CONTINUE candidates;
                             END IF;
                             -- Hard caps: the value's row locked (never waited for), its log
-                            -- folded, and its count read afresh.
+                            -- folded, and its count read afresh, with the changes this
+                            -- transaction logged since.
                             FOR v_cap IN
                                 SELECT c ->> 'key' AS key, (c ->> 'max')::integer AS max,
                                        m.value
@@ -380,6 +381,11 @@ BEGIN
                                     CONTINUE candidates;
                                 END IF;
                                 IF (SELECT r.running
+                                           + coalesce((SELECT sum(l.running)
+                                                         FROM strategy_running_changes l
+                                                        WHERE (l.service, l.key, l.value)
+                                                              = (r.service, r.key, r.value)),
+                                                      0)
                                       FROM strategy_running r
                                      WHERE (r.service, r.key, r.value)
                                            = (v_service, v_cap.key, v_cap.value))
@@ -395,10 +401,12 @@ BEGIN
                         EXIT attempts WHEN v_chosen;
                     END LOOP;
                     EXIT items WHEN NOT (v_chosen OR v_use_fair);
-                    v_component := v_candidate.component;
-                    v_path := v_pick.actor;
-                    v_step_job := v_candidate.job_id;
-                    v_step_index := v_candidate.step_index;
+                    IF v_chosen THEN
+                        v_component := v_candidate.component;
+                        v_path := v_pick.actor;
+                        v_step_job := v_candidate.job_id;
+                        v_step_index := v_candidate.step_index;
+                    END IF;
                 END IF;
                 IF v_use_fair THEN
                     -- 2 and 3: tenant, then user, with the user's own-jobs counts.

@@ -1,7 +1,10 @@
-use super::model::{Mismatch, UserShare, UserWorkCursor, UserWorkRow};
+use super::model::{Mismatch, StrategyUsage, UserShare, UserWorkCursor, UserWorkRow};
 use super::rows;
 use super::{snapshot, Broker, BrokerError};
-use crate::db::sql::{self, CHECK_CONSISTENCY, LIST_USER_SHARES, LIST_USER_WORK};
+use crate::db::sql::{
+    self, CHECK_CONSISTENCY, FOLD_STRATEGY_RUNNING, LIST_USER_SHARES, LIST_USER_WORK,
+    STRATEGY_USAGE,
+};
 
 impl Broker {
     /// Up to `limit` rows of the user_work table after `after` (from the start when None),
@@ -59,5 +62,27 @@ impl Broker {
         let rows = sql::query(&tx, CHECK_CONSISTENCY, &[]).await?;
         tx.commit().await?;
         rows.iter().map(rows::mismatch).collect()
+    }
+
+    /// For each value of metadata key `key`, the items of `service` running and ready: what a
+    /// cap sees.
+    pub async fn strategy_usage(
+        &self,
+        service: &str,
+        key: &str,
+    ) -> Result<Vec<StrategyUsage>, BrokerError> {
+        let client = self.client().await?;
+        sql::query(&client, STRATEGY_USAGE, &[&service, &key])
+            .await?
+            .iter()
+            .map(rows::strategy_usage)
+            .collect()
+    }
+
+    /// Folds the strategies' logged running-count changes into their rows (those free now).
+    pub async fn fold_strategy_running(&self) -> Result<(), BrokerError> {
+        let client = self.client().await?;
+        sql::query_one(&client, FOLD_STRATEGY_RUNNING, &[]).await?;
+        Ok(())
     }
 }

@@ -270,8 +270,6 @@ impl NewJob {
         is_async: bool,
         steps: Vec<StepSpec>,
         items: Vec<NewItem>,
-        metadata: Metadata,
-        priority: i32,
     ) -> Result<Self, BrokerError> {
         if steps.is_empty() {
             return Err(BrokerError::invalid("invalid_steps", "a job needs at least one step"));
@@ -286,7 +284,16 @@ impl NewJob {
             return Err(BrokerError::invalid("invalid_items", "a job needs at least one item"));
         }
         items.iter().try_for_each(|item| reject_nul(&item.payload, "a payload"))?;
-        Ok(Self { user, tenant, actor, is_async, steps, items, metadata, priority })
+        Ok(Self {
+            user,
+            tenant,
+            actor,
+            is_async,
+            steps,
+            items,
+            metadata: Metadata::default(),
+            priority: 0,
+        })
     }
 }
 
@@ -550,6 +557,14 @@ pub struct UserShare {
     /// Items of the service the user holds running.
     pub running: i64,
     /// Items of the service the user has waiting, claimable.
+    pub ready: i64,
+}
+
+/// One metadata value's items of a service, for operators watching caps.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct StrategyUsage {
+    pub value: Value,
+    pub running: i64,
     pub ready: i64,
 }
 

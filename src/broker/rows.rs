@@ -10,8 +10,8 @@ use tokio_postgres::Row;
 use super::listing::ItemDocument;
 use super::membership::{QuerierDocument, TenantDocument};
 use super::model::{
-    progress, ItemStatus, JobDocument, JobId, JobStatus, Mismatch, StepDocument, UserShare,
-    UserWorkRow, WorkItem, WorkItemId,
+    progress, ItemStatus, JobDocument, JobId, JobStatus, Mismatch, StepDocument, StrategyUsage,
+    UserShare, UserWorkRow, WorkItem, WorkItemId,
 };
 use super::BrokerError;
 
@@ -97,6 +97,15 @@ pub fn user_work_row(row: &Row) -> Result<UserWorkRow, BrokerError> {
 pub fn user_share(row: &Row) -> Result<UserShare, BrokerError> {
     Ok(UserShare {
         user: row.try_get("username")?,
+        running: row.try_get("running")?,
+        ready: row.try_get("ready")?,
+    })
+}
+
+/// A row of sql/strategy_usage.sql.
+pub fn strategy_usage(row: &Row) -> Result<StrategyUsage, BrokerError> {
+    Ok(StrategyUsage {
+        value: row.try_get("value")?,
         running: row.try_get("running")?,
         ready: row.try_get("ready")?,
     })

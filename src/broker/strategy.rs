@@ -30,7 +30,8 @@ fn invalid_metadata(message: String) -> BrokerError {
     BrokerError::invalid("invalid_metadata", message)
 }
 
-fn valid_key(key: &str) -> bool {
+/// Whether `key` is a metadata key: `^[a-z0-9_.-]{1,64}$`.
+pub fn valid_key(key: &str) -> bool {
     (1..=64).contains(&key.len())
         && key.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_.-".contains(c))
 }
@@ -173,9 +174,8 @@ impl Strategy {
     pub fn parse(text: &str) -> Result<Self, BrokerError> {
         let trimmed = text.trim();
         let expression = if trimmed.starts_with(['{', '[', '"']) {
-            serde_json::from_str(trimmed).map_err(|error| {
-                invalid_strategy(format!("strategy is not valid JSON: {error}"))
-            })?
+            serde_json::from_str(trimmed)
+                .map_err(|error| invalid_strategy(format!("strategy is not valid JSON: {error}")))?
         } else {
             Value::String(trimmed.to_owned())
         };

@@ -129,7 +129,7 @@ mod tests {
     use super::*;
 
     /// The digest of the files at [`REVISION`].
-    const PINNED_DIGEST: &str = "ef847b4d5bffa709d39827b905d9912a323de39bdeb713667e90b09c5d882871";
+    const PINNED_DIGEST: &str = "d21f63699af2820e20145a7f54306d72f7d67f3489b165bb80b5bdedc8e48602";
 
     #[test]
     fn the_digest_is_pinned_for_this_revision() {

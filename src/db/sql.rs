@@ -32,6 +32,7 @@ statements! {
     FIND_EXPIRED_LEASES = "find_expired_leases";
     FIND_PRUNABLE_JOBS = "find_prunable_jobs";
     FINISH_ITEMS = "finish_items";
+    FOLD_STRATEGY_RUNNING = "fold_strategy_running";
     GET_JOB = "get_job";
     GET_JOBS_STEPS = "get_jobs_steps";
     HAS_CLAIMABLE_WORK = "has_claimable_work";
@@ -68,6 +69,7 @@ statements! {
     RETIRE_QUERIERS = "retire_queriers";
     RETIRE_TENANT_QUEUES = "retire_tenant_queues";
     SET_JOB_PAUSED = "set_job_paused";
+    STRATEGY_USAGE = "strategy_usage";
     SET_JOB_STATUS = "set_job_status";
     SHUT_DOWN_QUERIER = "shut_down_querier";
     TOUCH_QUERIER = "touch_querier";

@@ -10,8 +10,9 @@ use super::error::{ApiError, ErrorBody};
 use super::{endpoint, non_empty};
 use crate::broker::membership::{QuerierDocument, TenantDocument, TenantLimits};
 use crate::broker::model::{
-    Mismatch, ServiceName, TenantName, UserShare, UserWorkCursor, UserWorkRow,
+    Mismatch, ServiceName, StrategyUsage, TenantName, UserShare, UserWorkCursor, UserWorkRow,
 };
+use crate::broker::strategy::valid_key;
 use crate::broker::Broker;
 use crate::metrics::ServiceSummary;
 
@@ -26,6 +27,7 @@ pub fn routes(config: &mut web::ServiceConfig) {
         .service(endpoint("/admin/shares").route(web::get().to(shares)))
         .service(endpoint("/admin/services").route(web::get().to(services)))
         .service(endpoint("/admin/consistency").route(web::get().to(consistency)))
+        .service(endpoint("/admin/strategies/usage").route(web::get().to(strategy_usage)))
         .service(endpoint("/admin/waiting-workers").route(web::get().to(waiting_workers)))
         .service(endpoint("/admin/queriers").route(web::get().to(queriers)))
         .service(endpoint("/admin/tenants").route(web::get().to(tenants)))
@@ -227,6 +229,44 @@ pub struct Consistency {
 async fn consistency(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
     let mismatches = broker.check_consistency().await?;
     Ok(HttpResponse::Ok().json(Consistency { consistent: mismatches.is_empty(), mismatches }))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct UsageQuery {
+    /// The service whose items are counted.
+    service: String,
+    /// The metadata key whose values are listed: 1 to 64 characters of `[a-z0-9_.-]`.
+    key: String,
+}
+
+/// Each value of a metadata key with its items of a service.
+#[derive(Serialize, ToSchema)]
+pub struct StrategyUsageReport {
+    service: String,
+    key: String,
+    values: Vec<StrategyUsage>,
+}
+
+/// Each value of a metadata key, with its items of a service running (what max_simultaneous
+/// and prefer_distinct count) and ready: a capped customer's state.
+#[utoipa::path(get, path = "/admin/strategies/usage", tag = "admin", params(UsageQuery),
+    responses((status = 200, description = "Each value with items.", body = StrategyUsageReport)))]
+async fn strategy_usage(
+    broker: web::Data<Broker>,
+    query: web::Query<UsageQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let service = ServiceName::parse(&query.service)?;
+    if !valid_key(&query.key) {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            "key must be 1 to 64 characters of [a-z0-9_.-]",
+        ));
+    }
+    let values = broker.strategy_usage(service.as_str(), &query.key).await?;
+    let UsageQuery { service, key } = query.into_inner();
+    Ok(HttpResponse::Ok().json(StrategyUsageReport { service, key, values }))
 }
 
 /// Workers long-polling this broker process, per service.

@@ -28,6 +28,7 @@ use super::{admin, error, producers, workers};
         admin::shares,
         admin::services,
         admin::consistency,
+        admin::strategy_usage,
         admin::waiting_workers,
         admin::queriers,
         admin::tenants,

@@ -126,16 +126,17 @@ impl JobBody {
         };
         let metadata = self.metadata.as_ref().map(Metadata::parse).transpose()?;
         let priority = self.priority.as_ref().map(parse_priority).transpose()?;
-        Ok(NewJob::new(
+        let mut job = NewJob::new(
             UserName::parse(&self.user)?,
             tenant,
             ActorPath::parse(&self.actor)?,
             self.is_async,
             steps,
             validate_items(self.items)?,
-            metadata.unwrap_or_default(),
-            priority.unwrap_or(0),
-        )?)
+        )?;
+        job.metadata = metadata.unwrap_or_default();
+        job.priority = priority.unwrap_or(0);
+        Ok(job)
     }
 }
 

@@ -31,7 +31,15 @@ async fn one_claim_batch_answers_each_request_for_its_own_querier() {
         .db
         .query(
             sql::CLAIM_ITEMS,
-            &[&&services[..], &&queriers[..], &&workers[..], &&maxes[..], &300_000_i64, &1_000_i64],
+            &[
+                &&services[..],
+                &&queriers[..],
+                &&workers[..],
+                &&maxes[..],
+                &300_000_i64,
+                &1_000_i64,
+                &vec![None::<serde_json::Value>; services.len()],
+            ],
         )
         .await
         .expect("claim_items");

@@ -18,6 +18,7 @@ mod pruning;
 mod results;
 mod schema;
 mod shutdown;
+mod strategies;
 mod tenants;
 mod validation;
 mod workflow;

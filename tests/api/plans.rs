@@ -187,7 +187,7 @@ fn claims(querier: &str) -> String {
     format!(
         "SELECT * FROM claim_items(array_fill('svc'::text, ARRAY[30]), \
          array_fill('{querier}'::text, ARRAY[30]), ARRAY(SELECT generate_series(0, 29)), \
-         array_fill(1, ARRAY[30]), 300000, 1000)"
+         array_fill(1, ARRAY[30]), 300000, 1000, array_fill(NULL::jsonb, ARRAY[30]))"
     )
 }
 

@@ -41,7 +41,7 @@ async fn bad_job_submissions_are_refused() {
     let before = app.fingerprint().await;
     let long = "x".repeat(256);
     let cases = [
-        (job(json!({ "priority": 3 })), "invalid_body"),
+        (job(json!({ "urgency": 3 })), "invalid_body"),
         (job(json!({ "tenant": "" })), "invalid_tenant"),
         (job(json!({ "tenant": long })), "invalid_tenant"),
         (job(json!({ "tenant": 7 })), "invalid_body"),
