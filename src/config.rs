@@ -416,6 +416,53 @@ pub enum BenchPath {
     #[serde(rename = "http_3_brokers")]
     #[value(name = "http_3_brokers")]
     Http3Brokers,
+    /// The broker's claim under `strategy=oldest`, over jobs with metadata (as are all the
+    /// strategy paths below, whose seed gives job j `customer` = j mod 1,000, `mode` a or b
+    /// by j's parity and a priority from 0 to 999).
+    Oldest,
+    /// `strategy=random`.
+    Random,
+    /// `strategy=priority`.
+    Priority,
+    /// `select_only(mode = a, oldest)`.
+    SelectOnlyOldest,
+    /// `prefer_distinct(customer, 2, random)`.
+    PreferDistinctRandom,
+    /// `max_simultaneous(customer, 2, oldest)`.
+    MaxSimultaneousOldest,
+    /// `or_else(select_only(mode = a, random), random)`.
+    OrElseSelectOnlyRandom,
+}
+
+impl BenchPath {
+    /// The strategy a broker path claims under, as a worker would send it; None for the fair
+    /// order and the baselines.
+    pub fn strategy(self) -> Option<&'static str> {
+        Some(match self {
+            Self::Fair
+            | Self::Fifo
+            | Self::HarmonyLeastRunning
+            | Self::HarmonyRoundRobin
+            | Self::Http
+            | Self::Http3Brokers => return None,
+            Self::Oldest => "oldest",
+            Self::Random => "random",
+            Self::Priority => "priority",
+            Self::SelectOnlyOldest => {
+                r#"{"select_only": {"key": "mode", "value": "a", "then": "oldest"}}"#
+            }
+            Self::PreferDistinctRandom => {
+                r#"{"prefer_distinct": {"key": "customer", "max": 2, "then": "random"}}"#
+            }
+            Self::MaxSimultaneousOldest => {
+                r#"{"max_simultaneous": {"key": "customer", "max": 2, "then": "oldest"}}"#
+            }
+            Self::OrElseSelectOnlyRandom => {
+                r#"{"or_else": [{"select_only": {"key": "mode", "value": "a", "then": "random"}},
+                                "random"]}"#
+            }
+        })
+    }
 }
 
 #[derive(Debug, Clone, Args)]

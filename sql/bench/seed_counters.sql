@@ -9,6 +9,10 @@ UPDATE user_work uw
           FROM work_items GROUP BY job_id, step_index, component) c
  WHERE (c.job_id, c.step_index, c.component) = (uw.job_id, uw.step_index, uw.component);
 UPDATE users SET running_count = 0, last_worked = NULL;
+-- The strategies' running counts: idle, with nothing logged (the update above logged the
+-- previous path's running items going).
+TRUNCATE strategy_running_changes;
+UPDATE strategy_running SET running = 0;
 UPDATE service_users su
    SET ready_count = c.ready, running_count = 0, last_worked = NULL,
        local_ready = c.ready, local_running = 0, local_last_worked = NULL

@@ -236,34 +236,41 @@ BEGIN
                                     SELECT cs.job_id, cs.step_index, cs.component, cs.tenant
                                       FROM claimable_steps cs
                                      WHERE cs.service = v_service
-                                     ORDER BY cs.seq DESC;
+                                     ORDER BY cs.seq DESC
+                                     LIMIT 256;
                             ELSIF v_order = 'priority' THEN
                                 OPEN v_cursor FOR
                                     SELECT cs.job_id, cs.step_index, cs.component, cs.tenant
                                       FROM claimable_steps cs
                                      WHERE cs.service = v_service
-                                     ORDER BY cs.priority DESC, cs.seq;
+                                     ORDER BY cs.priority DESC, cs.seq
+                                     LIMIT 256;
                             ELSIF v_order = 'random' THEN
-                                -- Cut the deck at a random place, and wrap.
+                                -- Cut the deck at a random place, and wrap. (The cut as a
+                                -- subquery, so that no plan is made for one cut's row count.)
                                 OPEN v_cursor FOR
                                     (SELECT cs.job_id, cs.step_index, cs.component, cs.tenant
                                        FROM claimable_steps cs
                                       WHERE cs.service = v_service
-                                        AND cs.shuffle >= v_cut
-                                      ORDER BY cs.shuffle)
+                                        AND cs.shuffle >= (SELECT v_cut)
+                                      ORDER BY cs.shuffle
+                                      LIMIT 256)
                                     UNION ALL
                                     (SELECT cs.job_id, cs.step_index, cs.component, cs.tenant
                                        FROM claimable_steps cs
                                       WHERE cs.service = v_service
-                                        AND cs.shuffle < v_cut
-                                      ORDER BY cs.shuffle);
+                                        AND cs.shuffle < (SELECT v_cut)
+                                      ORDER BY cs.shuffle
+                                      LIMIT 256)
+                                    LIMIT 256;
                             ELSE
                                 -- oldest, and fair under a filter or a cap (see the header).
                                 OPEN v_cursor FOR
                                     SELECT cs.job_id, cs.step_index, cs.component, cs.tenant
                                       FROM claimable_steps cs
                                      WHERE cs.service = v_service
-                                     ORDER BY cs.seq;
+                                     ORDER BY cs.seq
+                                     LIMIT 256;
                             END IF;
                         ELSE
                             v_key := v_only ->> 'key';
@@ -274,38 +281,46 @@ BEGIN
                                       FROM claimable_step_metadata cm
                                      WHERE (cm.service, cm.key, cm.value)
                                            = (v_service, v_key, v_value)
-                                     ORDER BY cm.seq DESC;
+                                     ORDER BY cm.seq DESC
+                                     LIMIT 256;
                             ELSIF v_order = 'priority' THEN
                                 OPEN v_cursor FOR
                                     SELECT cm.job_id, cm.step_index, cm.component, NULL::text
                                       FROM claimable_step_metadata cm
                                      WHERE (cm.service, cm.key, cm.value)
                                            = (v_service, v_key, v_value)
-                                     ORDER BY cm.priority DESC, cm.seq;
+                                     ORDER BY cm.priority DESC, cm.seq
+                                     LIMIT 256;
                             ELSIF v_order = 'random' THEN
                                 OPEN v_cursor FOR
                                     (SELECT cm.job_id, cm.step_index, cm.component, NULL::text
                                        FROM claimable_step_metadata cm
                                       WHERE (cm.service, cm.key, cm.value)
                                             = (v_service, v_key, v_value)
-                                        AND cm.shuffle >= v_cut
-                                      ORDER BY cm.shuffle)
+                                        AND cm.shuffle >= (SELECT v_cut)
+                                      ORDER BY cm.shuffle
+                                      LIMIT 256)
                                     UNION ALL
                                     (SELECT cm.job_id, cm.step_index, cm.component, NULL::text
                                        FROM claimable_step_metadata cm
                                       WHERE (cm.service, cm.key, cm.value)
                                             = (v_service, v_key, v_value)
-                                        AND cm.shuffle < v_cut
-                                      ORDER BY cm.shuffle);
+                                        AND cm.shuffle < (SELECT v_cut)
+                                      ORDER BY cm.shuffle
+                                      LIMIT 256)
+                                    LIMIT 256;
                             ELSE
                                 OPEN v_cursor FOR
                                     SELECT cm.job_id, cm.step_index, cm.component, NULL::text
                                       FROM claimable_step_metadata cm
                                      WHERE (cm.service, cm.key, cm.value)
                                            = (v_service, v_key, v_value)
-                                     ORDER BY cm.seq;
+                                     ORDER BY cm.seq
+                                     LIMIT 256;
                             END IF;
                         END IF;
+                        -- (Each order reads at most 256 steps, the bound below; saying so lets
+                        -- the planner read them from the head of the order's index.)
                         <<candidates>>
                         FOR seen IN 1 .. 256 LOOP
                             FETCH v_cursor INTO v_candidate;

@@ -14,6 +14,7 @@ use std::time::Duration;
 use thiserror::Error;
 use tokio_postgres::NoTls;
 
+use crate::broker::strategy::Strategy;
 use crate::broker::{BrokerError, WorkSignals};
 use crate::config::{BenchArgs, BenchPath, DatabaseArgs, MetricsArgs, PruneArgs, ServeArgs};
 use crate::db::embedded::EmbeddedError;
@@ -83,6 +84,7 @@ async fn run_matrix(
         jobs_per_user: args.jobs_per_user as usize,
         tenants: args.tenants as usize,
         components: args.components as usize,
+        metadata: args.paths.iter().any(|path| path.strategy().is_some()),
     };
     for &backlog in &args.backlog {
         for &users in &args.users {
@@ -240,11 +242,22 @@ async fn run_path(
     let mut servers = Vec::new();
     let mut upkeep = Vec::new();
     let runner = match path {
-        BenchPath::Fair => {
+        BenchPath::Fair
+        | BenchPath::Oldest
+        | BenchPath::Random
+        | BenchPath::Priority
+        | BenchPath::SelectOnlyOldest
+        | BenchPath::PreferDistinctRandom
+        | BenchPath::MaxSimultaneousOldest
+        | BenchPath::OrElseSelectOnlyRandom => {
             let broker = startup::broker(pool.clone(), &serve_args(args), WorkSignals::default())?;
             // With the upkeep `serve` runs beside it, as in production.
             upkeep = startup::maintain(&broker, &serve_args(args));
-            Runner::Fair(broker)
+            let strategy = match path.strategy() {
+                Some(text) => Strategy::parse(text)?.to_claim_argument(),
+                None => None,
+            };
+            Runner::Broker { broker, strategy }
         }
         BenchPath::Http | BenchPath::Http3Brokers => {
             let brokers = if path == BenchPath::Http { 1 } else { 3 };

@@ -29,7 +29,11 @@ pub struct Claimed {
 
 /// One claim path, ready to be driven by many workers.
 pub enum Runner {
-    Fair(Broker),
+    /// The broker's own claim, under a strategy (None: the fair order).
+    Broker {
+        broker: Broker,
+        strategy: Option<Arc<Value>>,
+    },
     Sql {
         pool: Pool,
         path: BenchPath,
@@ -45,13 +49,13 @@ pub enum Runner {
 impl Runner {
     async fn claim(&self, worker: usize, max: usize) -> Result<Vec<Claimed>, BenchError> {
         match self {
-            Self::Fair(broker) => {
+            Self::Broker { broker, strategy } => {
                 let request = ClaimRequest {
                     service: ServiceName::parse(SERVICE)?,
                     querier: QuerierName::parse("bench")?,
                     worker: (worker % 1024) as i32,
                     max,
-                    strategy: None,
+                    strategy: strategy.clone(),
                 };
                 Ok(broker
                     .claim(&request)
@@ -105,7 +109,7 @@ impl Runner {
 
     async fn complete(&self, item: &Claimed) -> Result<(), BenchError> {
         match self {
-            Self::Fair(broker) => {
+            Self::Broker { broker, .. } => {
                 let update = StatusUpdate::Successful { results: Vec::new(), component: None };
                 broker.update_status(WorkItemId(item.id), item.attempt, update).await?;
             }

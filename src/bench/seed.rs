@@ -1,6 +1,8 @@
 //! Seeds the benchmark database in bulk, and resets it between claim paths.
 
-use crate::db::sql::{BENCH_HARMONY_SCHEMA, BENCH_RESET_ITEMS, BENCH_SEED_COUNTERS};
+use crate::db::sql::{
+    BENCH_HARMONY_SCHEMA, BENCH_RESET_ITEMS, BENCH_SEED_COUNTERS, BENCH_SEED_METADATA,
+};
 use std::collections::BTreeSet;
 
 use deadpool_postgres::Pool;
@@ -45,6 +47,8 @@ pub struct Partitions {
     pub jobs_per_user: usize,
     pub tenants: usize,
     pub components: usize,
+    /// Whether jobs get metadata and priorities, for the strategy paths.
+    pub metadata: bool,
 }
 
 impl Partitions {
@@ -181,6 +185,9 @@ pub async fn seed(
             .map(|job| vec![&jobs[job] as &(dyn ToSql + Sync), &0_i32, &components[job], &payload]),
     )
     .await?;
+    if partitions.metadata {
+        client.batch_execute(BENCH_SEED_METADATA).await?;
+    }
     client.batch_execute(BENCH_SEED_COUNTERS).await?;
     client.batch_execute("VACUUM ANALYZE").await?;
     settle(&client).await;

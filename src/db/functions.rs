@@ -129,7 +129,7 @@ mod tests {
     use super::*;
 
     /// The digest of the files at [`REVISION`].
-    const PINNED_DIGEST: &str = "d21f63699af2820e20145a7f54306d72f7d67f3489b165bb80b5bdedc8e48602";
+    const PINNED_DIGEST: &str = "db00485c87572730109fccbbb13791b3f2fd5eaed69f4cff5cccde5836279bf3";
 
     #[test]
     fn the_digest_is_pinned_for_this_revision() {

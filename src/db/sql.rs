@@ -88,6 +88,7 @@ statements! {
     BENCH_HARMONY_SCHEMA = "bench/harmony_schema";
     BENCH_RESET_ITEMS = "bench/reset_items";
     BENCH_SEED_COUNTERS = "bench/seed_counters";
+    BENCH_SEED_METADATA = "bench/seed_metadata";
 }
 
 pub type Params<'a> = &'a [&'a (dyn ToSql + Sync)];

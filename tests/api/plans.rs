@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use fairway::broker::strategy::Strategy;
 use fairway::db::sql;
 
 use crate::helpers::{default_args, fresh_database, spawn_app_with};
@@ -17,8 +18,10 @@ const USERS: i32 = 10_000;
 const ITEMS: i32 = 1_000_000;
 
 /// A thousand tenants (a tenth of them sharded over ten queriers), ten users each, two jobs per
-/// user (one synchronous, half of those under a two-level actor path), a million ready items
-/// dealt over them and two components, a share of them finished, and counters to match; then statistics, as autovacuum would leave them.
+/// user (one synchronous, half of those under a two-level actor path), each job with metadata
+/// (`customer`: a thousand values, `mode`: two) and a priority, a million ready items dealt over
+/// them and two components, a share of them finished, and counters to match; then statistics,
+/// as autovacuum would leave them.
 const SEED: &str = "
 INSERT INTO tenants (tenant, max_queriers, sharded)
 SELECT 'tenant-' || t, CASE WHEN t % 10 = 0 THEN 3 ELSE 0 END, t % 10 = 0
@@ -43,6 +46,14 @@ SELECT md5('job-' || (i % $USERS + 1) || '-' || (i % 2 + 1))::uuid, 0,
        CASE WHEN i % 3 = 0 THEN 'ingester' ELSE 'store-gateway' END,
        CASE WHEN i % 10 = 0 THEN 'successful' ELSE 'ready' END::work_item_status, '{}'
   FROM generate_series(1, $ITEMS) i;
+UPDATE jobs SET priority = hashtext(job_id::text) % 1000;
+INSERT INTO job_metadata (job_id, key, value)
+SELECT job_id, 'customer', to_jsonb('customer-' || abs(hashtext(job_id::text)) % 1000) FROM jobs
+UNION ALL
+SELECT job_id, 'mode', to_jsonb(CASE WHEN hashtext(job_id::text) % 2 = 0 THEN 'a' ELSE 'b' END)
+  FROM jobs;
+UPDATE user_work SET has_metadata = true;
+INSERT INTO strategy_running (service, key, value) SELECT DISTINCT 'svc', key, value FROM job_metadata;
 UPDATE user_work uw SET ready_count = c.ready, successful_count = c.done
   FROM (SELECT job_id, component, count(*) FILTER (WHERE status = 'ready') AS ready,
                count(*) FILTER (WHERE status = 'successful') AS done
@@ -90,10 +101,10 @@ async fn plan(db: &tokio_postgres::Client, statement: &str, arguments: &str) -> 
 fn assert_index_probes(name: &str, plan: &Value) {
     for node in nodes(plan) {
         let kind = node["Node Type"].as_str().unwrap_or_default();
-        // The per-pod queriers table is small; the log of tenant running changes holds the
-        // endings since the last claim batch, which folds and empties it.
-        if node["Relation Name"] != "queriers" && node["Relation Name"] != "tenant_running_changes"
-        {
+        // The per-pod queriers table is small; the logs of running changes hold the changes
+        // since the last fold (a claim batch's, or the upkeep's every second).
+        let small = ["queriers", "tenant_running_changes", "strategy_running_changes"];
+        if !small.iter().any(|table| node["Relation Name"] == *table) {
             assert_ne!(kind, "Seq Scan", "{name} scans {}: {plan:#}", node["Relation Name"]);
         }
         // Exempt sorts read directly from one of those inputs: nothing above a LATERAL may sort.
@@ -188,6 +199,19 @@ fn claims(querier: &str) -> String {
         "SELECT * FROM claim_items(array_fill('svc'::text, ARRAY[30]), \
          array_fill('{querier}'::text, ARRAY[30]), ARRAY(SELECT generate_series(0, 29)), \
          array_fill(1, ARRAY[30]), 300000, 1000, array_fill(NULL::jsonb, ARRAY[30]))"
+    )
+}
+
+/// Claims for 30 workers of pod-0 in one batch, under `strategy` (as a worker sends it).
+fn strategy_claims(strategy: &str) -> String {
+    let attempts = Strategy::parse(strategy)
+        .expect("a valid strategy")
+        .to_claim_argument()
+        .expect("not the plain fair order");
+    format!(
+        "SELECT * FROM claim_items(array_fill('svc'::text, ARRAY[30]), \
+         array_fill('pod-0'::text, ARRAY[30]), ARRAY(SELECT generate_series(0, 29)), \
+         array_fill(1, ARRAY[30]), 300000, 1000, array_fill('{attempts}'::jsonb, ARRAY[30]))"
     )
 }
 
@@ -336,6 +360,66 @@ async fn assert_metrics_gauges_probe_the_backlog(db: &tokio_postgres::Client) {
     let started = Instant::now();
     db.query_one(sql::REFRESH_METRICS, &[&0_i64]).await.expect("take the gauges");
     eprintln!("the queue gauges took {:?} at a million items", started.elapsed());
+}
+
+/// Every strategy's claim reads the claimable steps from the head of its order's index, and
+/// each step it meets by key: never the backlog, never a sort.
+#[tokio::test]
+async fn every_strategy_is_index_probes_at_a_million_items() {
+    let (db, mut notices) = seeded(TENANTS, USERS, ITEMS).await;
+    db.batch_execute(AUTO_EXPLAIN).await.expect("auto_explain");
+    let strategies = [
+        ("oldest", "claimable_steps_oldest"),
+        ("newest", "claimable_steps_oldest"),
+        ("random", "claimable_steps_random"),
+        ("priority", "claimable_steps_priority"),
+        (
+            r#"{"select_only": {"key": "mode", "value": "a", "then": "oldest"}}"#,
+            "claimable_step_metadata_oldest",
+        ),
+        (
+            r#"{"select_only": {"key": "mode", "value": "a", "then": "random"}}"#,
+            "claimable_step_metadata_random",
+        ),
+        (
+            r#"{"select_only": {"key": "mode", "value": "b", "then": "priority"}}"#,
+            "claimable_step_metadata_priority",
+        ),
+        (
+            r#"{"select_only": {"key": "mode", "value": "b", "then": "fair"}}"#,
+            "claimable_step_metadata_oldest",
+        ),
+        (
+            r#"{"prefer_distinct": {"key": "customer", "max": 1, "then": "random"}}"#,
+            "strategy_running_pkey",
+        ),
+        (
+            r#"{"max_simultaneous": {"key": "customer", "max": 1, "then": "oldest"}}"#,
+            "strategy_running_pkey",
+        ),
+        (
+            r#"{"or_else": [{"select_only": {"key": "mode", "value": "a", "then": "random"}},
+                            "random"]}"#,
+            "claimable_step_metadata_random",
+        ),
+    ];
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        db.batch_execute(&format!("SET plan_cache_mode = {mode}")).await.expect("plan mode");
+        for (strategy, expected) in strategies {
+            let plans = nested_plans(&db, &mut notices, &strategy_claims(strategy)).await;
+            let mut indexes = BTreeSet::new();
+            for (text, plan) in &plans {
+                assert_index_probes(&format!("{strategy}: {text} ({mode})"), plan);
+                indexes.extend(nodes(plan).iter().filter_map(|node| node["Index Name"].as_str()));
+            }
+            for index in [expected, "work_items_ready"] {
+                assert!(
+                    indexes.contains(index),
+                    "{strategy} ({mode}) does not use {index}: {indexes:?}"
+                );
+            }
+        }
+    }
 }
 
 /// At a thousand jobs the planner finds reading all of them about as cheap as probing a batch's
