@@ -426,6 +426,9 @@ pub enum BenchPath {
     Priority,
     /// `select_only(mode = a, oldest)`.
     SelectOnlyOldest,
+    /// `select_only(mode = a, fair)`: the fair order cannot be filtered, so this reads the
+    /// matching steps in submission order (README, "Claim strategies").
+    SelectOnlyFair,
     /// `prefer_distinct(customer, 2, random)`.
     PreferDistinctRandom,
     /// `max_simultaneous(customer, 2, oldest)`.
@@ -450,6 +453,9 @@ impl BenchPath {
             Self::Priority => "priority",
             Self::SelectOnlyOldest => {
                 r#"{"select_only": {"key": "mode", "value": "a", "then": "oldest"}}"#
+            }
+            Self::SelectOnlyFair => {
+                r#"{"select_only": {"key": "mode", "value": "a", "then": "fair"}}"#
             }
             Self::PreferDistinctRandom => {
                 r#"{"prefer_distinct": {"key": "customer", "max": 2, "then": "random"}}"#

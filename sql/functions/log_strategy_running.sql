@@ -2,9 +2,10 @@
 -- strategy_running_changes, once per metadata key and value of the step's job, so that the
 -- running counts per (service, key, value) that prefer_distinct and max_simultaneous read
 -- move with every claim, ending, expiry and cancel, without a row lock (the log takes inserts
--- side by side). A fall in the count also wakes the service's long polls: capacity under a
--- cap may have freed. The binding fires only for steps of jobs with metadata, and follows
--- the function, since it can only be made once the function exists.
+-- side by side). No notification: one per ending would serialise every commit on the
+-- notification queue's lock; capped long polls look again on a short period instead. The
+-- binding fires only for steps of jobs with metadata, and follows the function, since it can
+-- only be made once the function exists.
 --
 -- Locks: none beyond the log's inserts.
 
@@ -17,9 +18,6 @@ BEGIN
     SELECT NEW.service, m.key, m.value, NEW.running_count - OLD.running_count
       FROM job_metadata m
      WHERE m.job_id = NEW.job_id;
-    IF NEW.running_count < OLD.running_count THEN
-        PERFORM pg_notify('fairway_work_ready', NEW.service);
-    END IF;
     RETURN NULL;
 END;
 $log$;

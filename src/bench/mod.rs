@@ -247,6 +247,7 @@ async fn run_path(
         | BenchPath::Random
         | BenchPath::Priority
         | BenchPath::SelectOnlyOldest
+        | BenchPath::SelectOnlyFair
         | BenchPath::PreferDistinctRandom
         | BenchPath::MaxSimultaneousOldest
         | BenchPath::OrElseSelectOnlyRandom => {

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use super::batch::{answer_each, batch_index};
 use super::model::{ClaimRequest, WorkItem};
 use super::rows;
-use super::strategy::ends_in_fair;
+use super::strategy::{ends_in_fair, has_hard_cap};
 use super::{Broker, BrokerError};
 use crate::db::sql::{self, CLAIM_ITEMS, HAS_CLAIMABLE_WORK, VACUUM_FAIR_ORDER};
 use crate::metrics::{ClaimOutcome, ClaimedItem};
@@ -15,6 +15,10 @@ use crate::metrics::{ClaimOutcome, ClaimedItem};
 /// How long a claim that found every user with work busy waits for a release signalled in
 /// this process before it looks again anyway (other brokers' releases are not signalled here).
 const RELEASE_POLL: Duration = Duration::from_millis(50);
+
+/// How often a long poll under a hard cap looks again: capacity freed by an ending is not
+/// notified (see sql/functions/log_strategy_running.sql).
+const CAPPED_POLL: Duration = Duration::from_millis(200);
 
 /// How long a claim keeps waiting for busy users before it reports no work.
 const CONTENDED_LIMIT: Duration = Duration::from_secs(5);
@@ -179,8 +183,10 @@ impl Broker {
             // A waiting querier is still there: its last_seen keeps moving while it waits, so
             // that it neither looks disconnected nor is forgotten in the middle of a long poll.
             let touch_every = Duration::from_millis(self.touch_every_millis().unsigned_abs());
+            let capped = request.strategy.as_deref().is_some_and(has_hard_cap);
+            let slice = if capped { CAPPED_POLL } else { touch_every };
             loop {
-                let until = deadline.min(Instant::now() + touch_every);
+                let until = deadline.min(Instant::now() + slice);
                 tokio::select! {
                     woken = tokio::time::timeout_at(until, notified.as_mut()) => {
                         if woken.is_ok() {
@@ -188,6 +194,10 @@ impl Broker {
                         }
                     }
                     () = self.drained() => return Ok(items),
+                }
+                // Under a cap, capacity may have freed meanwhile: look again.
+                if capped && Instant::now() < deadline {
+                    break;
                 }
                 self.touch(request.querier.as_str()).await?;
                 if Instant::now() >= deadline {

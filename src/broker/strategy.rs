@@ -215,6 +215,13 @@ pub fn ends_in_fair(attempts: &Value) -> bool {
     })
 }
 
+/// Whether a normalised strategy has a hard cap, whose capacity frees without a notification.
+pub fn has_hard_cap(attempts: &Value) -> bool {
+    attempts.as_array().into_iter().flatten().any(|attempt| {
+        attempt["caps"].as_array().into_iter().flatten().any(|cap| cap["hard"] == true)
+    })
+}
+
 /// The fields of a combinator's object, checked for exactly `expected`.
 fn fields<'a>(
     name: &str,

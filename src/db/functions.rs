@@ -129,7 +129,7 @@ mod tests {
     use super::*;
 
     /// The digest of the files at [`REVISION`].
-    const PINNED_DIGEST: &str = "db00485c87572730109fccbbb13791b3f2fd5eaed69f4cff5cccde5836279bf3";
+    const PINNED_DIGEST: &str = "e9b74565697b975e5b09ea4a5b8b93bebbeda70fb21956e097251cff4b9bb220";
 
     #[test]
     fn the_digest_is_pinned_for_this_revision() {
