@@ -396,7 +396,10 @@ pub struct JobDocument {
     pub tenant: String,
     pub actor: Vec<String>,
     pub is_async: bool,
+    /// Higher goes first under the `priority` strategy.
     pub priority: i32,
+    /// The job's strategic metadata: keys and their string or integer values.
+    #[schema(value_type = Object)]
     pub metadata: Value,
     pub status: JobStatus,
     pub progress: u8,
@@ -563,6 +566,7 @@ pub struct UserShare {
 /// One metadata value's items of a service, for operators watching caps.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct StrategyUsage {
+    /// The metadata value: a string or an integer.
     pub value: Value,
     pub running: i64,
     pub ready: i64,

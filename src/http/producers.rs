@@ -60,9 +60,13 @@ pub struct JobBody {
     #[schema(min_items = 1)]
     steps: Vec<StepBody>,
     items: Vec<ItemBody>,
-    /// Read as any JSON, so that a bad shape gets invalid_metadata or invalid_priority rather
-    /// than a generic invalid_body.
+    /// Strategic metadata that claim strategies filter and count by: at most 16 keys of
+    /// `[a-z0-9_.-]{1,64}`, each a string of 1 to 255 characters or an integer. (Read as any
+    /// JSON, so that a bad shape gets invalid_metadata rather than invalid_body.)
+    #[schema(value_type = Option<Object>)]
     metadata: Option<Value>,
+    /// Higher goes first under the `priority` strategy: -1,000,000 to 1,000,000, default 0.
+    #[schema(value_type = Option<i64>, minimum = -1000000, maximum = 1000000, default = 0)]
     priority: Option<Value>,
 }
 
