@@ -32,10 +32,11 @@ SELECT t.tenant, 'pod-' || ((hashtext(t.tenant) & 7) + k)
   FROM tenants t, generate_series(0, 2) k
  WHERE t.sharded;
 INSERT INTO users (username) SELECT 'user-' || u FROM generate_series(1, $USERS) u;
-INSERT INTO jobs (job_id, username, is_async, tenant, actor)
+INSERT INTO jobs (job_id, username, is_async, tenant, actor, priority)
 SELECT md5('job-' || u || '-' || j)::uuid, 'user-' || u, j = 2, 'tenant-' || (u % $TENANTS + 1),
        CASE WHEN j = 2 AND u % 2 = 0 THEN ARRAY['dash-' || u % 7, 'panel-' || u % 3]
-            ELSE '{}' END
+            ELSE '{}' END,
+       hashtext(md5('job-' || u || '-' || j)) % 1000
   FROM generate_series(1, $USERS) u, generate_series(1, 2) j;
 INSERT INTO job_steps (job_id, step_index, service, aggregate) SELECT job_id, 0, 'svc', false FROM jobs;
 INSERT INTO user_work (job_id, step_index, component, username, service, is_async, tenant, actor)
@@ -46,7 +47,6 @@ SELECT md5('job-' || (i % $USERS + 1) || '-' || (i % 2 + 1))::uuid, 0,
        CASE WHEN i % 3 = 0 THEN 'ingester' ELSE 'store-gateway' END,
        CASE WHEN i % 10 = 0 THEN 'successful' ELSE 'ready' END::work_item_status, '{}'
   FROM generate_series(1, $ITEMS) i;
-UPDATE jobs SET priority = hashtext(job_id::text) % 1000;
 INSERT INTO job_metadata (job_id, key, value)
 SELECT job_id, 'customer', to_jsonb('customer-' || abs(hashtext(job_id::text)) % 1000) FROM jobs
 UNION ALL

@@ -562,3 +562,36 @@ async fn without_the_lock_the_cap_is_exceeded() {
     let most = most_running_seen(strategy, Lock::TakenOut).await;
     assert!(most > CAP, "no customer went over the cap without the lock (most {most})");
 }
+
+#[tokio::test]
+async fn a_pruned_job_takes_its_metadata_with_it() {
+    let app = spawn_app().await;
+    let job = submit(&app, "u", 1, json!({ "customer": "acme", "mode": "x" }), 3).await;
+    let strategy = json!({ "max_simultaneous": { "key": "customer", "max": 1, "then": "oldest" } });
+    let item = claim_one(&app, &strategy).await.expect("item");
+    app.succeed(&item, json!([])).await;
+    app.db
+        .execute(
+            "UPDATE jobs SET updated_at = now() - interval '2 hours' WHERE job_id = $1",
+            &[&job],
+        )
+        .await
+        .expect("backdate");
+    let pruned = app.broker.prune_finished_jobs(Duration::from_secs(3600)).await.expect("prune");
+    assert_eq!(pruned.jobs.len(), 1);
+    let left: i64 = app
+        .db
+        .query_one("SELECT count(*) FROM job_metadata WHERE job_id = $1", &[&job])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(left, 0, "the job's metadata outlived it");
+    let usage: Value = app
+        .get("/admin/strategies/usage?service=svc&key=customer")
+        .await
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(usage["values"], json!([]));
+    app.assert_consistent().await;
+}
