@@ -124,6 +124,7 @@ pub struct Metrics {
     claims: IntCounterVec,
     finished: IntCounterVec,
     lease_expirations: IntCounterVec,
+    pruned: IntCounterVec,
     claim_duration: Histogram,
     queue_wait: HistogramVec,
     batch_size: HistogramVec,
@@ -208,6 +209,11 @@ impl Metrics {
                 "fairway_lease_expirations_total",
                 "Leases that expired without a report, ended by this broker's reaper.",
                 &["service"],
+            )?,
+            pruned: counter(
+                "fairway_pruned_total",
+                "Rows the pruner deleted, of finished jobs past --retention: jobs and items.",
+                &["kind"],
             )?,
             claim_duration,
             queue_wait: histogram(
@@ -295,6 +301,12 @@ impl Metrics {
 
     pub fn lease_expired(&self, service: &str) {
         self.lease_expirations.with_label_values(&[service]).inc();
+    }
+
+    /// A pruning transaction deleted `jobs` jobs and `items` items.
+    pub fn pruned(&self, jobs: u64, items: u64) {
+        self.pruned.with_label_values(&["jobs"]).inc_by(jobs);
+        self.pruned.with_label_values(&["items"]).inc_by(items);
     }
 
     pub fn claim_batch(&self, requests: usize, took: Duration) {

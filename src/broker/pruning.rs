@@ -58,6 +58,8 @@ impl Broker {
                     batch.jobs.iter().map(|job| job.job_id.to_string()).collect();
                 tracing::info!(items = batch.items, ?jobs, "pruned finished jobs");
             }
+            let items = u64::try_from(batch.items).unwrap_or(0);
+            self.metrics.pruned(batch.jobs.len() as u64, items);
             pruned.items += batch.items;
             pruned.jobs.extend(batch.jobs);
         }

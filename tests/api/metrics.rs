@@ -69,7 +69,7 @@ impl Scrape {
         matching.first().and_then(|sample| sample.value)
     }
 
-    fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+    pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         self.value(name, labels).unwrap_or_else(|| panic!("no sample {name} {labels:?}"))
     }
 }

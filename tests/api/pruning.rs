@@ -91,6 +91,9 @@ async fn pruning_removes_exactly_the_jobs_finished_before_the_cutoff() {
     assert_eq!(pruned_ids, BTreeSet::from([old_successful, old_with_errors, old_canceled]));
     assert_eq!(pruned.jobs.len(), 3, "each job once");
     assert_eq!(pruned.items, 1 + 2 + 2_500);
+    let metrics = crate::metrics::scrape(&app).await;
+    assert_eq!(metrics.get("fairway_pruned_total", &[("kind", "jobs")]), 3.0);
+    assert_eq!(metrics.get("fairway_pruned_total", &[("kind", "items")]), 2_503.0);
     for job in [old_successful, old_with_errors, old_canceled] {
         assert_pruned(&app, job).await;
     }
