@@ -5,7 +5,7 @@
 -- Each part reads a small counter table or probes an index, never the backlog:
 --   ready: the fair order's per-user counts of claimable items (service_users);
 --   running: the running items, through the leases index (one per busy worker);
---   paused: the paused steps' ready counts (user_work_paused, V12);
+--   paused: the paused steps' ready counts (the user_work_paused index);
 --   oldest_ready: each step with claimable items (user_work_claimable) and its first ready
 --     item, one probe of work_items_ready from where the step's claims start reading;
 --   active_users: users with ready or running items, per tenant and over all tenants.
