@@ -34,8 +34,12 @@ impl PageLimit {
         Ok(Self(limit))
     }
 
+    pub fn get(self) -> i64 {
+        self.0
+    }
+
     /// Whether a page of `entries` entries is full: then more may follow at once.
-    fn filled_by(self, entries: usize) -> bool {
+    pub fn filled_by(self, entries: usize) -> bool {
         i64::try_from(entries).unwrap_or(i64::MAX) >= self.0
     }
 }

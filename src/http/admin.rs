@@ -8,6 +8,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::error::{ApiError, ErrorBody};
 use super::{endpoint, non_empty};
+use crate::broker::listing::PageLimit;
 use crate::broker::membership::{QuerierDocument, TenantDocument, TenantLimits};
 use crate::broker::model::{
     Mismatch, ServiceName, StrategyUsage, TenantName, UserShare, UserWorkCursor, UserWorkRow,
@@ -16,8 +17,6 @@ use crate::broker::strategy::valid_key;
 use crate::broker::Broker;
 use crate::metrics::ServiceSummary;
 
-const DEFAULT_ROWS: i64 = 1000;
-const MAX_ROWS: i64 = 10_000;
 const DEFAULT_SHARES: i64 = 10;
 const MAX_SHARES: i64 = 100;
 
@@ -71,18 +70,12 @@ async fn user_work(
     broker: web::Data<Broker>,
     query: web::Query<UserWorkQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let limit = query.limit.unwrap_or(DEFAULT_ROWS);
-    if !(1..=MAX_ROWS).contains(&limit) {
-        return Err(ApiError::bad_request(
-            "invalid_query",
-            format!("limit must be between 1 and {MAX_ROWS}"),
-        ));
-    }
+    let limit = query.limit.map(PageLimit::new).transpose()?.unwrap_or_default();
     let after = non_empty(&query.after).map(UserWorkCursor::parse).transpose()?;
     let (service, user) = (non_empty(&query.service), non_empty(&query.user));
-    let rows = broker.user_work(service, user, limit, after.as_ref()).await?;
-    let full = i64::try_from(rows.len()).is_ok_and(|count| count == limit);
-    let next_cursor = rows.last().filter(|_| full).map(UserWorkCursor::after);
+    let rows = broker.user_work(service, user, limit.get(), after.as_ref()).await?;
+    let next_cursor =
+        rows.last().filter(|_| limit.filled_by(rows.len())).map(UserWorkCursor::after);
     Ok(HttpResponse::Ok().json(UserWorkRows { rows, next_cursor }))
 }
 
