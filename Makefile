@@ -16,7 +16,7 @@ KUBECTL ?= target/kubernetes-client/usr/bin/kubectl
 # Where the tests find both.
 TEST_TOOLS = FAIRWAY_TEST_PYTHON=$(abspath $(PYTOOLS))/bin/python FAIRWAY_TEST_KUBECTL=$(abspath $(KUBECTL))
 
-.PHONY: run test lint bench bench-quick demo k8s-validate
+.PHONY: run test lint bench bench-quick bench-scale demo k8s-validate
 
 ## Build and start the broker on 127.0.0.1:8080, on its private PostgreSQL unless DATABASE_URL is set.
 run:
@@ -52,6 +52,14 @@ $(KUBECTL):
 ## Measure the broker beside its baselines (about 9 minutes on 2 cores); results in docs/bench/.
 bench:
 	$(CARGO) run --release -- bench --json docs/bench/results.json
+
+## Many users: fair beside fifo_batched at 10 × 10,000 (the reference for a flat p99), then at
+## 10,000 and 100,000 users × 1,000,000 items, each run long enough to serve 10 items a user
+## (about 15 minutes on 2 cores); results in docs/bench/scale/.
+bench-scale:
+	$(CARGO) run --release -- bench --points 10x10000,10000x1000000,100000x1000000 \
+		--paths fair,fifo_batched --wide-max 1 --rounds 10 --max-duration 4m \
+		--competing-tenants 0 --wakeup-trials 0 --json docs/bench/scale/results.json
 
 ## The two-minute smoke version, on a throwaway cluster unless DATABASE_URL is set.
 bench-quick:

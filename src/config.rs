@@ -402,8 +402,13 @@ pub struct PostgresArgs {
 pub enum BenchPath {
     /// The broker's own claim, called in-process as the HTTP handler calls it.
     Fair,
-    /// A plain FIFO SKIP LOCKED claim on the same table: no fairness, the practical ceiling.
+    /// A plain FIFO SKIP LOCKED claim on the same table, one transaction per claim and per
+    /// completion: no fairness, the naive reference.
     Fifo,
+    /// The same FIFO claim behind the broker's group commit: the claims gathered in one
+    /// transaction are served by one statement, and so are the completions. No fairness, and
+    /// built as the broker is: the honest ceiling.
+    FifoBatched,
     /// Harmony's documented algorithm: a GROUP BY over user_work per claim.
     HarmonyLeastRunning,
     /// Harmony's production query: a ROW_NUMBER() round robin over user_work per claim.
@@ -444,6 +449,7 @@ impl BenchPath {
         Some(match self {
             Self::Fair
             | Self::Fifo
+            | Self::FifoBatched
             | Self::HarmonyLeastRunning
             | Self::HarmonyRoundRobin
             | Self::Http
@@ -491,6 +497,11 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "10000,1000000")]
     pub backlog: Vec<u32>,
 
+    /// The points to measure at, as USERSxITEMS (comma-separated), in place of every pair of
+    /// --users and --backlog.
+    #[arg(long, value_delimiter = ',', value_parser = parse_bench_point)]
+    pub points: Vec<(u32, u32)>,
+
     /// Tenants the users are dealt over (user i belongs to tenant i mod N); 1: all in `default`.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub tenants: u32,
@@ -525,8 +536,18 @@ pub struct BenchArgs {
     pub max_duration: Duration,
 
     /// Items per claim.
-    #[arg(long, default_value_t = 1)]
-    pub max: usize,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max: u16,
+
+    /// Items per claim of the wide claims: at each of --wide-points, `fair`, `fifo` and
+    /// `fifo_batched` (those of --paths) run again with this --max. 1: none.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+    pub wide_max: u16,
+
+    /// Where the wide claims run, as USERSxITEMS (comma-separated).
+    #[arg(long, value_delimiter = ',', value_parser = parse_bench_point,
+          default_value = "10x1000000,10000x1000000")]
+    pub wide_points: Vec<(u32, u32)>,
 
     /// Beside the matrix, `fair` once more at 1,000 users × 10,000 items dealt over this many
     /// tenants competing for the one component, reported as path `fair_tenants` (0 or 1: not
@@ -538,7 +559,7 @@ pub struct BenchArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "fair,fifo,harmony_least_running,harmony_round_robin,http"
+        default_value = "fair,fifo,fifo_batched,harmony_least_running,harmony_round_robin,http"
     )]
     pub paths: Vec<BenchPath>,
 
@@ -547,8 +568,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 200)]
     pub wakeup_trials: usize,
 
-    /// A two-minute smoke run: 10 and 1,000 users, 10,000 items, 2 s per path, 50 wake-ups of
-    /// each kind.
+    /// A two-minute smoke run: 10 and 1,000 users, 10,000 items, 2 s per path, the wide claims
+    /// at 10 users only, 50 wake-ups of each kind.
     #[arg(long)]
     pub quick: bool,
 
@@ -564,11 +585,36 @@ impl BenchArgs {
         if self.quick {
             self.users = vec![10, 1000];
             self.backlog = vec![10_000];
+            self.points.clear();
+            self.wide_points = vec![(10, 10_000)];
             self.duration = Duration::from_secs(2);
             self.max_duration = Duration::from_secs(2);
             self.wakeup_trials = self.wakeup_trials.min(50);
         }
         self
+    }
+
+    /// The points of the matrix, as (users, items): --points, else every pair of --users and
+    /// --backlog, by backlog then users.
+    pub fn matrix(&self) -> Vec<(u32, u32)> {
+        if !self.points.is_empty() {
+            return self.points.clone();
+        }
+        self.backlog
+            .iter()
+            .flat_map(|&backlog| self.users.iter().map(move |&users| (users, backlog)))
+            .collect()
+    }
+}
+
+/// A benchmark point, USERSxITEMS: `10000x1000000`.
+fn parse_bench_point(text: &str) -> Result<(u32, u32), String> {
+    let parsed = text.split_once('x').and_then(|(users, items)| {
+        Some((users.trim().parse::<u32>().ok()?, items.trim().parse::<u32>().ok()?))
+    });
+    match parsed {
+        Some((users, items)) if users > 0 && items > 0 => Ok((users, items)),
+        _ => Err(format!("`{text}` is not USERSxITEMS, both positive (e.g. 10000x1000000)")),
     }
 }
 

@@ -1,5 +1,6 @@
-//! `fairway bench` end to end on a small matrix: every claim path runs without error on a seed
-//! with several jobs per user, tenants and components, and the broker's counters stay exact.
+//! `fairway bench` end to end on a small matrix: every claim path, and the wide claims, run
+//! without error on a seed with several jobs per user, tenants and components, and the broker's
+//! counters stay exact.
 //!
 //! A test binary of its own, on the API tests' harness: cargo runs test binaries one at a time,
 //! so the benchmark's load (checkpoints, vacuums, busy workers) does not run beside the API
@@ -57,15 +58,26 @@ async fn every_path_runs_on_a_seed_of_several_jobs_per_user_and_counters_stay_ex
         "--workers",
         "4",
         "--paths",
-        "fair,fifo,harmony_least_running,harmony_round_robin,http,http_3_brokers",
+        "fair,fifo,fifo_batched,harmony_least_running,harmony_round_robin,http,http_3_brokers",
+        "--wide-points",
+        "4x600",
     ])
     .await;
     let runs = report["runs"].as_array().expect("runs");
-    let paths: Vec<&str> = runs.iter().filter_map(|run| run["path"].as_str()).collect();
-    assert_eq!(
-        paths,
-        ["fair", "fifo", "harmony_least_running", "harmony_round_robin", "http", "http_3_brokers"]
-    );
+    let legs: Vec<(&str, i64)> =
+        runs.iter().filter_map(|run| Some((run["path"].as_str()?, run["max"].as_i64()?))).collect();
+    let one = [
+        "fair",
+        "fifo",
+        "fifo_batched",
+        "harmony_least_running",
+        "harmony_round_robin",
+        "http",
+        "http_3_brokers",
+    ]
+    .map(|path| (path, 1));
+    let wide = ["fair", "fifo", "fifo_batched"].map(|path| (path, 8));
+    assert_eq!(legs, [&wide[..], &one[..]].concat(), "the wide claims, then each path");
     for run in runs {
         assert_eq!(run["jobs"], 12, "{run}");
         assert!(run["claims_per_s"].as_f64().is_some_and(|rate| rate > 0.0), "{run}");
@@ -87,7 +99,7 @@ async fn every_path_runs_on_a_seed_of_several_jobs_per_user_and_counters_stay_ex
 #[tokio::test]
 async fn a_backlog_too_small_to_halve_ends_the_run() {
     let _only = BENCH_DATABASE.lock().await;
-    let flags = ["--users", "1", "--backlog", "1", "--paths", "fair"];
+    let flags = ["--users", "1", "--backlog", "1", "--paths", "fair", "--wide-max", "1"];
     // Generous: the run takes a few seconds; before the fix it never ended.
     let report = tokio::time::timeout(std::time::Duration::from_secs(120), bench(&flags))
         .await

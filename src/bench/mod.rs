@@ -14,6 +14,7 @@ use std::time::Duration;
 use thiserror::Error;
 use tokio_postgres::NoTls;
 
+use crate::broker::batch::Batches;
 use crate::broker::strategy::Strategy;
 use crate::broker::{BrokerError, WorkSignals};
 use crate::config::{BenchArgs, BenchPath, DatabaseArgs, MetricsArgs, PruneArgs, ServeArgs};
@@ -86,11 +87,24 @@ async fn run_matrix(
         components: args.components as usize,
         metadata: args.paths.iter().any(|path| path.strategy().is_some()),
     };
-    for &backlog in &args.backlog {
-        for &users in &args.users {
-            let point = Point { users: users as usize, backlog: backlog as usize, partitions };
-            runs.extend(run_point(args, admin_config, point, &args.paths, &mut postgres).await?);
+    // The wide claims run at their points beside the others, on the same seed.
+    let wide: Vec<BenchPath> = [BenchPath::Fair, BenchPath::Fifo, BenchPath::FifoBatched]
+        .into_iter()
+        .filter(|path| args.wide_max > 1 && args.paths.contains(path))
+        .collect();
+    let matrix = args.matrix();
+    let mut points = matrix.clone();
+    points.extend(args.wide_points.iter().filter(|point| !matrix.contains(point)));
+    for (users, backlog) in points {
+        let point = Point { users: users as usize, backlog: backlog as usize, partitions };
+        let mut legs: Vec<Leg> = Vec::new();
+        if args.wide_points.contains(&(users, backlog)) {
+            legs.extend(wide.iter().map(|&path| (path, usize::from(args.wide_max))));
         }
+        if matrix.contains(&(users, backlog)) {
+            legs.extend(args.paths.iter().map(|&path| (path, usize::from(args.max))));
+        }
+        runs.extend(run_point(args, admin_config, point, &legs, &mut postgres).await?);
     }
     if args.competing_tenants > 1 && args.paths.contains(&BenchPath::Fair) {
         let point = Point {
@@ -98,9 +112,8 @@ async fn run_matrix(
             backlog: COMPETING_TENANTS_BACKLOG,
             partitions: seed::Partitions { tenants: args.competing_tenants as usize, ..partitions },
         };
-        for mut run in
-            run_point(args, admin_config, point, &[BenchPath::Fair], &mut postgres).await?
-        {
+        let legs = [(BenchPath::Fair, usize::from(args.max))];
+        for mut run in run_point(args, admin_config, point, &legs, &mut postgres).await? {
             run.path = COMPETING_TENANTS_PATH.to_owned();
             runs.push(run);
         }
@@ -134,13 +147,16 @@ struct Point {
     partitions: seed::Partitions,
 }
 
-/// Seeds a fresh database for `point` and runs each of `paths` on it, the data reset between
+/// A path to run, and how many items each of its claims asks for.
+type Leg = (BenchPath, usize);
+
+/// Seeds a fresh database for `point` and runs each of `legs` on it, the data reset between
 /// them. Notes the server's version in `postgres`.
 async fn run_point(
     args: &BenchArgs,
     admin_config: &tokio_postgres::Config,
     point: Point,
-    paths: &[BenchPath],
+    legs: &[Leg],
     postgres: &mut String,
 ) -> Result<Vec<Run>, BenchError> {
     let Point { users, backlog, partitions } = point;
@@ -154,13 +170,13 @@ async fn run_point(
     );
     let seeded = Arc::new(seed::seed(&pool, users, backlog, partitions).await?);
     let mut runs = Vec::new();
-    for (index, &path) in paths.iter().enumerate() {
+    for (index, &(path, max)) in legs.iter().enumerate() {
         if index > 0 {
             seed::reset(&pool).await?;
         }
-        let run = run_path(args, path, &pool, &config, seeded.clone(), point).await?;
+        let run = run_path(args, (path, max), &pool, &config, seeded.clone(), point).await?;
         eprintln!(
-            "{:>22} {users:>6} users {backlog:>8} items: {:>8.0} claims/s  p99 {:>7.2} ms  jain {:.4}  errors {}",
+            "{:>22} max {max} {users:>6} users {backlog:>8} items: {:>8.0} claims/s  p99 {:>7.2} ms  jain {:.4}  errors {}",
             run.path,
             run.claims_per_s.unwrap_or(0.0),
             run.p99_ms.unwrap_or(0.0),
@@ -222,7 +238,7 @@ fn serve_args(args: &BenchArgs) -> ServeArgs {
 
 async fn run_path(
     args: &BenchArgs,
-    path: BenchPath,
+    (path, max): Leg,
     pool: &deadpool_postgres::Pool,
     config: &tokio_postgres::Config,
     seeded: Arc<seed::Seeded>,
@@ -232,7 +248,10 @@ async fn run_path(
     // The baselines run with their own indexes; the broker's paths without them.
     let baseline = matches!(
         path,
-        BenchPath::Fifo | BenchPath::HarmonyLeastRunning | BenchPath::HarmonyRoundRobin
+        BenchPath::Fifo
+            | BenchPath::FifoBatched
+            | BenchPath::HarmonyLeastRunning
+            | BenchPath::HarmonyRoundRobin
     );
     if baseline {
         let client = pool.get().await?;
@@ -271,6 +290,14 @@ async fn run_path(
             let client = reqwest::Client::builder().pool_max_idle_per_host(args.workers).build()?;
             Runner::Http { client, bases }
         }
+        BenchPath::FifoBatched => {
+            let (lanes, most) = (args.batches.batch_lanes.into(), args.batches.batch_max.into());
+            Runner::FifoBatched {
+                pool: pool.clone(),
+                claims: Batches::new(lanes, most),
+                completions: Batches::new(lanes, most),
+            }
+        }
         other => Runner::Sql { pool: pool.clone(), path: other },
     };
     // Half the backlog at most: every user keeps work for the whole run, as in steady state.
@@ -283,7 +310,7 @@ async fn run_path(
     let runner = Arc::new(runner);
     let wal_before = wal_position(pool).await?;
     let mut measured =
-        paths::measure(runner.clone(), seeded.clone(), args.workers, limits, args.max).await;
+        paths::measure(runner.clone(), seeded.clone(), args.workers, limits, max).await;
     // The first pass only: a reset between passes writes WAL of its own.
     let wal_bytes_per_claim = (measured.claims > 0)
         .then_some(wal_since(pool, &wal_before).await? / measured.claims as f64);
@@ -295,8 +322,7 @@ async fn run_path(
     let mut pass_claims = measured.claims;
     while pass_claims > 0 && pass_claims >= limits.cap && measured.elapsed < args.duration {
         seed::reset(pool).await?;
-        let pass =
-            paths::measure(runner.clone(), seeded.clone(), args.workers, limits, args.max).await;
+        let pass = paths::measure(runner.clone(), seeded.clone(), args.workers, limits, max).await;
         pass_claims = pass.claims;
         for (waits, still) in waiting.iter_mut().zip(still_waiting(&pass.per_user, &seeded.items)) {
             *waits &= still;
@@ -329,7 +355,7 @@ async fn run_path(
         components: partitions.components,
         backlog,
         workers: args.workers,
-        max: args.max,
+        max,
         duration_s: seconds,
         claims_per_s: Some(measured.claims as f64 / seconds),
         p50_ms: millis(0.5),

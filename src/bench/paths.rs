@@ -11,13 +11,15 @@ use uuid::Uuid;
 
 use super::seed::{Seeded, SERVICE};
 use super::BenchError;
+use crate::broker::batch::Batches;
 use crate::broker::model::{ClaimRequest, QuerierName, ServiceName, StatusUpdate, WorkItemId};
 use crate::broker::Broker;
 use crate::config::BenchPath;
 use crate::db::sql::{
-    self, Params, BENCH_FIFO_CLAIM, BENCH_FIFO_COMPLETE, BENCH_HARMONY_CLAIM_ITEM,
-    BENCH_HARMONY_COUNT_CLAIM, BENCH_HARMONY_COUNT_COMPLETION, BENCH_HARMONY_LEAST_RUNNING_JOB,
-    BENCH_HARMONY_LEAST_RUNNING_USER, BENCH_HARMONY_ROUND_ROBIN_JOB,
+    self, Params, BENCH_FIFO_CLAIM, BENCH_FIFO_COMPLETE, BENCH_FIFO_COMPLETE_BATCH,
+    BENCH_HARMONY_CLAIM_ITEM, BENCH_HARMONY_COUNT_CLAIM, BENCH_HARMONY_COUNT_COMPLETION,
+    BENCH_HARMONY_LEAST_RUNNING_JOB, BENCH_HARMONY_LEAST_RUNNING_USER,
+    BENCH_HARMONY_ROUND_ROBIN_JOB,
 };
 
 /// An item a worker holds.
@@ -37,6 +39,13 @@ pub enum Runner {
     Sql {
         pool: Pool,
         path: BenchPath,
+    },
+    /// The FIFO claim and completion behind the broker's group commit: each batch of claims
+    /// (how many items each wants) is one statement, and so is each batch of completions.
+    FifoBatched {
+        pool: Pool,
+        claims: Batches<usize, Result<Vec<Claimed>, String>>,
+        completions: Batches<i64, Result<(), String>>,
     },
     /// Over HTTP, worker i claiming from `bases[i mod n]`; reports go to any of them, as a
     /// Service would send them.
@@ -79,6 +88,14 @@ impl Runner {
                     .collect()
             }
             Self::Sql { pool, path } => harmony_claim(pool, *path, max).await,
+            Self::FifoBatched { pool, claims, .. } => {
+                let pool = pool.clone();
+                let run = move |wants| fifo_claim_batch(pool.clone(), wants);
+                match claims.submit(max, run).await {
+                    Some(answer) => answer.map_err(BenchError::Unexpected),
+                    None => Err(BenchError::Unexpected("a claim batch was lost".to_owned())),
+                }
+            }
             Self::Http { client, bases } => {
                 let base = &bases[worker % bases.len()];
                 let url = format!(
@@ -117,6 +134,14 @@ impl Runner {
                 let client = pool.get().await?;
                 sql::execute(&client, BENCH_FIFO_COMPLETE, &[&item.id]).await?;
             }
+            Self::FifoBatched { pool, completions, .. } => {
+                let pool = pool.clone();
+                let run = move |ids| fifo_complete_batch(pool.clone(), ids);
+                match completions.submit(item.id, run).await {
+                    Some(answer) => answer.map_err(BenchError::Unexpected)?,
+                    None => return Err(BenchError::Unexpected("a batch was lost".to_owned())),
+                }
+            }
             Self::Sql { pool, .. } => {
                 let mut client = pool.get().await?;
                 let tx = client.transaction().await?;
@@ -138,6 +163,38 @@ impl Runner {
         }
         Ok(())
     }
+}
+
+/// One batch of FIFO claims, `wants[i]` items for request i: one statement takes the oldest
+/// ready items for all of them, which are then dealt out in request order.
+async fn fifo_claim_batch(pool: Pool, wants: Vec<usize>) -> Vec<Result<Vec<Claimed>, String>> {
+    let taken = async {
+        let client = pool.get().await?;
+        let limit = wants.iter().sum::<usize>() as i64;
+        let rows = sql::query(&client, BENCH_FIFO_CLAIM, &[&limit]).await?;
+        rows.iter()
+            .map(|row| Ok(Claimed { id: row.try_get(0)?, job: row.try_get(1)?, attempt: 1 }))
+            .collect::<Result<Vec<_>, BenchError>>()
+    }
+    .await;
+    match taken {
+        Ok(items) => {
+            let mut items = items.into_iter();
+            wants.iter().map(|&want| Ok(items.by_ref().take(want).collect())).collect()
+        }
+        Err(error) => wants.iter().map(|_| Err(error.to_string())).collect(),
+    }
+}
+
+/// One batch of FIFO completions, in one statement.
+async fn fifo_complete_batch(pool: Pool, ids: Vec<i64>) -> Vec<Result<(), String>> {
+    let done = async {
+        let client = pool.get().await?;
+        sql::execute(&client, BENCH_FIFO_COMPLETE_BATCH, &[&ids]).await?;
+        Ok::<_, BenchError>(())
+    }
+    .await;
+    ids.iter().map(|_| done.as_ref().map(|_| ()).map_err(ToString::to_string)).collect()
 }
 
 /// Harmony's claim: choose a job by its query, then the job's lowest ready item, then its

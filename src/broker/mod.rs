@@ -2,7 +2,7 @@
 //! keep the fair order, independent of how requests arrive.
 
 mod admin;
-mod batch;
+pub(crate) mod batch;
 mod claim;
 mod error;
 mod jobs;
