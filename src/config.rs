@@ -423,7 +423,7 @@ pub enum BenchPath {
     Http3Brokers,
     /// The broker's claim under `strategy=oldest`, over jobs with metadata (as are all the
     /// strategy paths below, whose seed gives job j `customer` = j mod 1,000, `mode` a or b
-    /// by j's parity and a priority from 0 to 999).
+    /// by j's parity and a priority from 0 to 999 hashed from j).
     Oldest,
     /// `strategy=random`.
     Random,

@@ -1,12 +1,13 @@
 -- Gives the seeded jobs what the strategy paths read, before the counters make their steps
 -- claimable: job j (in job id order) has metadata customer = customer-(j mod 1000) and mode
--- = a or b by j's parity, and priority (j × 7919) mod 1000; and each (service, key, value) its
+-- = a or b by j's parity, and a priority from 0 to 999 hashed from j, so that every user
+-- (job j's is j mod users) has jobs at every level; and each (service, key, value) its
 -- running-count row, as a submission would create it.
 WITH numbered AS (
     SELECT job_id, row_number() OVER (ORDER BY job_id) - 1 AS j FROM jobs
 )
 UPDATE jobs
-   SET priority = (n.j * 7919) % 1000
+   SET priority = abs(hashint8(n.j)::bigint) % 1000
   FROM numbered n
  WHERE n.job_id = jobs.job_id;
 INSERT INTO job_metadata (job_id, key, value)
