@@ -1,2 +1,3 @@
--- Why a status update did not apply: the item's current status and attempt.
-SELECT status::text, attempt FROM work_items WHERE id = $1;
+-- Why a status update did not apply: the item's current status and attempt, and the token
+-- whose claim holds it.
+SELECT status::text, attempt, claimed_by FROM work_items WHERE id = $1;

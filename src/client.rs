@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use thiserror::Error;
 
+use crate::auth::TokenDocument;
 use crate::broker::membership::{QuerierDocument, TenantDocument};
 use crate::broker::model::{
     ItemStatus, JobDocument, JobId, Mismatch, UserShare, UserWorkRow, WorkItem,
@@ -150,6 +151,18 @@ struct Queriers {
 }
 
 #[derive(Deserialize)]
+struct Tokens {
+    tokens: Vec<TokenDocument>,
+}
+
+/// A token just made: its secret, shown this once, and what is stored of it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CreatedToken {
+    pub token: String,
+    pub details: TokenDocument,
+}
+
+#[derive(Deserialize)]
 struct ErrorBody {
     error: ErrorDetail,
 }
@@ -281,6 +294,21 @@ impl Client {
 
     pub async fn consistency(&self) -> Result<Consistency, ClientError> {
         decode(self.request(Method::GET, "/admin/consistency").send().await?).await
+    }
+
+    /// Makes a token, as the body of `POST /admin/tokens` describes it.
+    pub async fn create_token(&self, body: &Value) -> Result<CreatedToken, ClientError> {
+        decode(self.request(Method::POST, "/admin/tokens").json(body).send().await?).await
+    }
+
+    pub async fn tokens(&self) -> Result<Vec<TokenDocument>, ClientError> {
+        let response = self.request(Method::GET, "/admin/tokens").send().await?;
+        Ok(decode::<Tokens>(response).await?.tokens)
+    }
+
+    pub async fn revoke_token(&self, id: i64) -> Result<TokenDocument, ClientError> {
+        let path = format!("/admin/tokens/{id}/revoke");
+        decode(self.request(Method::POST, &path).send().await?).await
     }
 }
 

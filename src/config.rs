@@ -100,6 +100,40 @@ pub enum AdminCommand {
     Queriers,
     /// Recount every counter from the work items; exits non-zero on any difference.
     Consistency,
+    /// Bearer tokens: make, list and revoke them (needs an admin token).
+    Tokens {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum TokenCommand {
+    /// Make a token and print it, once, alone on the last line: it is stored only as a hash.
+    Create {
+        /// admin (everything), reader (every read), producer (jobs) or worker (work).
+        #[arg(long, value_parser = ["admin", "reader", "producer", "worker"])]
+        role: String,
+        /// A producer token's tenant; give it once per tenant. None: every tenant.
+        #[arg(long = "tenant", value_name = "TENANT")]
+        tenants: Vec<String>,
+        /// A worker token's service; give it once per service. None: every service.
+        #[arg(long = "service", value_name = "SERVICE")]
+        services: Vec<String>,
+        /// What to call it [default: its role and a few hex digits of its hash].
+        #[arg(long)]
+        name: Option<String>,
+        /// How long it lasts, such as `90d` or `12h` [default: until revoked].
+        #[arg(long, value_parser = positive_duration)]
+        expires: Option<Duration>,
+    },
+    /// Every token: name, role, scope, expiry, last use; never the secret.
+    List,
+    /// Revoke a token, by id or by the name of a live token.
+    Revoke {
+        /// The token's id, or its name.
+        token: String,
+    },
 }
 
 #[derive(Debug, Clone, Subcommand)]
@@ -273,6 +307,47 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub metrics: MetricsArgs,
+
+    #[command(flatten)]
+    pub auth: AuthArgs,
+}
+
+/// Who may use the broker (README, "Security").
+#[derive(Debug, Clone, Args)]
+pub struct AuthArgs {
+    /// An admin token (at least 32 characters) whose hash the broker stores at start-up, unless
+    /// it is there already; auth is then on. Make one with
+    /// `head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n'`.
+    #[arg(long, env = "FAIRWAY_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// Serve a non-loopback --bind with auth off (no FAIRWAY_ADMIN_TOKEN and no token in the
+    /// database): anyone who reaches the port may do anything. Without it such a broker
+    /// refuses to start; with it, it warns at every start.
+    #[arg(long, env = "FAIRWAY_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
+
+    /// Answer /metrics only to an admin or reader token while auth is on (it is open by
+    /// default, as /healthz and /readyz are).
+    #[arg(long, env = "FAIRWAY_METRICS_REQUIRE_TOKEN")]
+    pub metrics_require_token: bool,
+
+    /// How long a broker trusts a token it looked up: a revoked token is refused by every
+    /// broker within this, and auth turns on this long after the first token is made.
+    #[arg(long, env = "FAIRWAY_AUTH_CACHE_TTL", default_value = "5s", value_parser = positive_duration)]
+    pub auth_cache_ttl: Duration,
+}
+
+impl Default for AuthArgs {
+    /// Auth off unless the database holds tokens; what the tests and the benchmark start with.
+    fn default() -> Self {
+        Self {
+            admin_token: None,
+            insecure_no_auth: false,
+            metrics_require_token: false,
+            auth_cache_ttl: Duration::from_secs(5),
+        }
+    }
 }
 
 /// What `GET /metrics` reports.

@@ -1,5 +1,6 @@
 //! fairway: a fair-queueing work broker on PostgreSQL.
 
+pub mod auth;
 pub mod bench;
 pub mod broker;
 pub mod cli;

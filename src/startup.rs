@@ -10,9 +10,11 @@ use deadpool_postgres::Pool;
 use thiserror::Error;
 use tokio::task::JoinHandle;
 
-use crate::broker::{Broker, BrokerSettings, WorkSignals};
+use crate::auth::{self, Authenticator};
+use crate::broker::{Broker, BrokerError, BrokerSettings, WorkSignals};
 use crate::config::{PruneArgs, ServeArgs};
 use crate::db::{self, DbError};
+use crate::http::auth::AuthState;
 use crate::http::Traffic;
 use crate::metrics::Metrics;
 
@@ -30,6 +32,17 @@ pub enum StartupError {
     Metrics(String),
     #[error("cannot listen on {address}: {source}")]
     Bind { address: String, source: std::io::Error },
+    #[error("cannot set up auth: {0}")]
+    Auth(#[from] BrokerError),
+    /// Auth is off and the address is not loopback: refused without --insecure-no-auth.
+    #[error(
+        "refusing to serve {address} without auth: anyone who reaches it could do anything. \
+         Set FAIRWAY_ADMIN_TOKEN (README, \"Security\"), bind a loopback address, or pass \
+         --insecure-no-auth to accept the risk"
+    )]
+    NoAuth { address: String },
+    #[error("{0}")]
+    AdminToken(String),
 }
 
 /// A broker bound to its port, ready to run.
@@ -50,11 +63,13 @@ impl Application {
     ) -> Result<Self, StartupError> {
         let pool = db::pool::connect(config.clone(), args.database.pool_size)?;
         db::migrations::run(&pool).await?;
+        let authenticator = authenticate(&pool, args).await?;
 
         let signals = WorkSignals::default();
         let broker = broker(pool, args, signals.clone())?;
         let mut background = maintain(&broker, args);
         background.push(tokio::spawn(db::listener::listen_for_work(config, signals)));
+        background.push(tokio::spawn(refresh_auth(authenticator.clone())));
 
         let listener = TcpListener::bind(args.bind)
             .map_err(|source| StartupError::Bind { address: args.bind.to_string(), source })?;
@@ -64,12 +79,19 @@ impl Application {
             .port();
         let data = web::Data::new(broker.clone());
         let traffic = web::Data::new(Traffic::default());
+        let auth_state = web::Data::new(AuthState {
+            authenticator,
+            metrics_require_token: args.auth.metrics_require_token,
+        });
         let shared_traffic = traffic.clone();
         let max_body_bytes = args.max_body_bytes;
         let server = HttpServer::new(move || {
             App::new()
+                // The last wrapped runs first: every answer, a refusal too, is observed.
+                .wrap(actix_web::middleware::from_fn(crate::http::auth::authorize))
                 .wrap(actix_web::middleware::from_fn(crate::http::observe))
                 .app_data(data.clone())
+                .app_data(auth_state.clone())
                 .app_data(shared_traffic.clone())
                 .configure(crate::http::configure(max_body_bytes))
                 .default_service(web::to(crate::http::no_such_route))
@@ -117,6 +139,42 @@ impl Application {
         }
         served.map_err(std::io::Error::other)?
     }
+}
+
+/// Stores FAIRWAY_ADMIN_TOKEN's hash, finds out whether auth is on, and refuses to serve a
+/// non-loopback address without it unless told to (then warns, at every start).
+async fn authenticate(pool: &Pool, args: &ServeArgs) -> Result<Authenticator, StartupError> {
+    let admin_token = args.auth.admin_token.as_deref().filter(|token| !token.is_empty());
+    if let Some(token) = admin_token {
+        auth::check_admin_token(token).map_err(StartupError::AdminToken)?;
+    }
+    let authenticator =
+        Authenticator::start(pool.clone(), args.auth.auth_cache_ttl, admin_token).await?;
+    let address = args.bind.to_string();
+    if authenticator.is_on() {
+        tracing::info!("auth is on: every request but the probes needs a bearer token");
+    } else if args.bind.ip().is_loopback() {
+        tracing::info!(
+            address,
+            "auth is off (no FAIRWAY_ADMIN_TOKEN and no token in the database): serving on \
+             loopback only"
+        );
+    } else if args.auth.insecure_no_auth {
+        tracing::warn!(
+            address,
+            "auth is off on a non-loopback address (--insecure-no-auth): anyone who reaches \
+             the port may submit, claim, read every job and change tenant limits"
+        );
+    } else {
+        return Err(StartupError::NoAuth { address });
+    }
+    Ok(authenticator)
+}
+
+/// Turns auth on once another broker made the first token, and forgets stale cache entries.
+async fn refresh_auth(authenticator: Authenticator) {
+    let interval = authenticator.ttl();
+    every(interval, "refreshing the token cache", || authenticator.refresh()).await
 }
 
 /// How long without a request a stopping broker waits for before it closes its listener.

@@ -23,7 +23,8 @@
 -- 6. The item is leased, and user_work, users, service_users and actor_queues move in this same
 --    transaction; the tenant's row too while other tenants compete for the component.
 -- The membership check, the querier's touch and the list of components are made once per
--- (service, querier) in the batch, not per item.
+-- (service, querier) in the batch, not per item. The lease records the claiming token
+-- (p_tokens[i]), which alone may then report on the attempt (finish_items, extend_lease).
 --
 -- A request with a strategy (p_strategies[i], README "Claim strategies") replaces 2 to 5: its
 -- attempts in turn, each reading claimable_steps (or claimable_step_metadata, under a
@@ -66,7 +67,10 @@ CREATE OR REPLACE FUNCTION claim_items(
     p_touch_ms bigint,
     -- Request i's strategy (NULL: the fair order), as the broker normalises it: a list of
     -- attempts, each {"order", "only": [{"key", "value"}], "caps": [{"key", "max", "hard"}]}.
-    p_strategies jsonb[]
+    p_strategies jsonb[],
+    -- Request i's token (tokens.id), recorded on each item it claims as claimed_by, so that
+    -- only that token may report on the attempt; NULL (or no array): claimed without a token.
+    p_tokens bigint[] DEFAULT NULL
 )
 RETURNS TABLE (
     request integer,
@@ -551,6 +555,7 @@ BEGIN
                            lease_expires_at = now() + p_lease_ms * interval '1 millisecond',
                            querier = v_querier,
                            worker = v_worker,
+                           claimed_by = p_tokens[i],
                            updated_at = now()
                       FROM step
                      -- The ready items are read in index order, and only until the first

@@ -11,7 +11,8 @@
 -- a change that would change nothing); otherwise the caller applies the tenant deltas last.
 -- An ending whose owner another transaction held comes back with `deferred` and nothing else:
 -- its item still runs under that attempt, and the broker sends it again. A stale attempt, an
--- item that is not running, or no such item gives no row.
+-- item that is not running, an attempt another token claimed (p_tokens), or no such item gives
+-- no row.
 --
 -- Locks: the owners' users rows first, in username order. With p_wait_for_owners it waits for
 -- each (the reaper, and an ending the broker has sent back many times, so that none is put off
@@ -29,7 +30,11 @@ CREATE OR REPLACE FUNCTION finish_items(
     p_errors text[],
     p_next_components text[],
     p_expired_only boolean,
-    p_wait_for_owners boolean
+    p_wait_for_owners boolean,
+    -- Ending i's reporting token (tokens.id): it applies only to an attempt that token
+    -- claimed (work_items.claimed_by). NULL (or no array): any attempt (an admin, the reaper,
+    -- a broker without auth).
+    p_tokens bigint[] DEFAULT NULL
 )
 RETURNS TABLE (
     ending integer,
@@ -110,6 +115,7 @@ BEGIN
                -- work_items_running_means_leased).
                AND wi.lease_expires_at IS NOT NULL
                AND (NOT p_expired_only OR wi.lease_expires_at <= now())
+               AND (p_tokens[r.i::integer] IS NULL OR wi.claimed_by = p_tokens[r.i::integer])
                AND (SELECT j.username FROM jobs j WHERE j.job_id = wi.job_id) = ANY(v_owners)
             RETURNING r.i,
                       r.status,
@@ -276,6 +282,7 @@ BEGIN
               JOIN work_items wi ON wi.id = r.id
              WHERE wi.attempt = r.attempt
                AND wi.lease_expires_at IS NOT NULL
+               AND (p_tokens[r.i::integer] IS NULL OR wi.claimed_by = p_tokens[r.i::integer])
                AND (SELECT j.username FROM jobs j WHERE j.job_id = wi.job_id) <> ALL (v_owners);
     END IF;
 END;

@@ -17,7 +17,9 @@ use tokio_postgres::NoTls;
 use crate::broker::batch::Batches;
 use crate::broker::strategy::Strategy;
 use crate::broker::{BrokerError, WorkSignals};
-use crate::config::{BenchArgs, BenchPath, DatabaseArgs, MetricsArgs, PruneArgs, ServeArgs};
+use crate::config::{
+    AuthArgs, BenchArgs, BenchPath, DatabaseArgs, MetricsArgs, PruneArgs, ServeArgs,
+};
 use crate::db::embedded::EmbeddedError;
 use crate::db::{self, DbError};
 use crate::startup::{self, Application, StartupError};
@@ -233,6 +235,7 @@ fn serve_args(args: &BenchArgs) -> ServeArgs {
             metrics_refresh: Duration::from_secs(5),
             metrics_tenant_label: false,
         },
+        auth: AuthArgs::default(),
     }
 }
 

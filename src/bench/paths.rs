@@ -65,6 +65,7 @@ impl Runner {
                     worker: (worker % 1024) as i32,
                     max,
                     strategy: strategy.clone(),
+                    token: None,
                 };
                 Ok(broker
                     .claim(&request)
@@ -128,7 +129,7 @@ impl Runner {
         match self {
             Self::Broker { broker, .. } => {
                 let update = StatusUpdate::Successful { results: Vec::new(), component: None };
-                broker.update_status(WorkItemId(item.id), item.attempt, update).await?;
+                broker.update_status(WorkItemId(item.id), item.attempt, update, None).await?;
             }
             Self::Sql { pool, path: BenchPath::Fifo } => {
                 let client = pool.get().await?;

@@ -94,9 +94,10 @@ impl Broker {
             requests.iter().map(|r| i32::try_from(r.max).unwrap_or(i32::MAX)).collect();
         let strategies: Vec<Option<&Value>> =
             requests.iter().map(|r| r.strategy.as_deref()).collect();
+        let tokens: Vec<Option<i64>> = requests.iter().map(|r| r.token).collect();
         let (lease, touch_every) = (self.lease_millis(), self.touch_every_millis());
         let params: sql::Params =
-            &[&services, &queriers, &workers, &maxes, &lease, &touch_every, &strategies];
+            &[&services, &queriers, &workers, &maxes, &lease, &touch_every, &strategies, &tokens];
         let mut items: Vec<Vec<WorkItem>> = requests.iter().map(|_| Vec::new()).collect();
         let mut states: Vec<Option<String>> = vec![None; requests.len()];
         let mut passed_over = vec![false; requests.len()];

@@ -17,6 +17,11 @@ pub enum BrokerError {
     #[error("{message}")]
     Conflict { code: &'static str, message: String },
 
+    /// The caller's token may not do this to this thing (an item another token claimed);
+    /// nothing was changed.
+    #[error("{message}")]
+    Forbidden { code: &'static str, message: String },
+
     /// The tenant already has as many items waiting as its max_outstanding allows; nothing was
     /// stored.
     #[error("{0}")]

@@ -13,9 +13,9 @@ use super::{Broker, BrokerError};
 use crate::db::sql::{
     self, APPLY_STEP_DELTAS, APPLY_TENANT_DELTAS, CANCEL_JOB_ITEMS, COUNT_OUTSTANDING,
     CREATE_STEP_QUEUES, CREATE_TENANT, CREATE_USER, GET_JOB, GET_JOBS_STEPS,
-    INSERT_FIRST_STEP_ITEMS, INSERT_JOB, INSERT_JOB_METADATA, INSERT_JOB_STEPS, LOCK_JOB_OWNER,
-    LOCK_TENANT_LIMIT, LOCK_USER, NOTIFY_JOB_FINISHED, NOTIFY_WORK_READY, SET_JOB_PAUSED,
-    SET_JOB_STATUS,
+    INSERT_FIRST_STEP_ITEMS, INSERT_JOB, INSERT_JOB_METADATA, INSERT_JOB_STEPS, JOB_TENANT,
+    LOCK_JOB_OWNER, LOCK_TENANT_LIMIT, LOCK_USER, NOTIFY_JOB_FINISHED, NOTIFY_WORK_READY,
+    SET_JOB_PAUSED, SET_JOB_STATUS,
 };
 use crate::metrics::Finish;
 
@@ -184,6 +184,21 @@ impl Broker {
     pub async fn get_job(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
         let client = self.client().await?;
         read_job(&client, job_id).await
+    }
+
+    /// Fails with the job's 404 unless the job exists and `allowed` says yes to its tenant:
+    /// a token scoped to other tenants cannot tell another tenant's job from no job.
+    pub async fn check_job_tenant(
+        &self,
+        job_id: JobId,
+        allowed: impl Fn(&str) -> bool,
+    ) -> Result<(), BrokerError> {
+        let client = self.client().await?;
+        let row = sql::query_opt(&client, JOB_TENANT, &[&job_id.0]).await?;
+        match row.map(|row| row.try_get::<_, String>(0)).transpose()? {
+            Some(tenant) if allowed(&tenant) => Ok(()),
+            _ => Err(job_not_found(job_id)),
+        }
     }
 
     /// Takes the job's ready items out of the fair order; running items finish as usual.

@@ -459,6 +459,9 @@ pub struct ClaimRequest {
     pub max: usize,
     /// The strategy's attempts as `claim_items` reads them; None for the fair order.
     pub strategy: Option<std::sync::Arc<Value>>,
+    /// The claiming token (tokens.id), recorded on the lease: only it may report on the
+    /// attempt. None without auth.
+    pub token: Option<i64>,
 }
 
 /// What a worker reports about the attempt it holds.

@@ -79,6 +79,8 @@ pub(super) struct AttemptEnding {
     id: WorkItemId,
     attempt: i32,
     ending: Ending,
+    /// The reporting token, which must be the one that claimed the attempt; None: any.
+    token: Option<i64>,
 }
 
 impl Broker {
@@ -87,14 +89,18 @@ impl Broker {
     ///
     /// Reports that end attempts are written together with the others that arrive meanwhile,
     /// in one transaction; the answer comes once it committed.
+    ///
+    /// With `token`, the report applies only to an attempt that token claimed: another
+    /// token's attempt is refused (forbidden) and changes nothing. None: whoever claimed it.
     pub async fn update_status(
         &self,
         id: WorkItemId,
         attempt: i32,
         update: StatusUpdate,
+        token: Option<i64>,
     ) -> Result<ItemStatus, BrokerError> {
         let ending = match update {
-            StatusUpdate::Running => return self.extend_lease(id, attempt).await,
+            StatusUpdate::Running => return self.extend_lease(id, attempt, token).await,
             StatusUpdate::Successful { results, component } => {
                 results.iter().try_for_each(|result| reject_nul(result, "a result"))?;
                 Ending::Successful { results, component }
@@ -106,7 +112,7 @@ impl Broker {
                 Ending::Failed { error, retryable }
             }
         };
-        let ending = AttemptEnding { id, attempt, ending };
+        let ending = AttemptEnding { id, attempt, ending, token };
         // A batch does not wait for an owner's row another transaction holds (a claim batch,
         // mostly); the ending goes again with a later batch, and after a few tries alone.
         for _ in 0..DEFERRALS {
@@ -132,11 +138,17 @@ impl Broker {
     }
 
     /// A heartbeat touches no counter, so it needs no user lock and no batch.
-    async fn extend_lease(&self, id: WorkItemId, attempt: i32) -> Result<ItemStatus, BrokerError> {
+    async fn extend_lease(
+        &self,
+        id: WorkItemId,
+        attempt: i32,
+        token: Option<i64>,
+    ) -> Result<ItemStatus, BrokerError> {
         let client = self.client().await?;
         let lease = self.lease_millis();
-        if sql::query_opt(&client, EXTEND_LEASE, &[&id.0, &attempt, &lease]).await?.is_none() {
-            return Err(why_not_applied(&client, id, attempt).await?);
+        let params: sql::Params = &[&id.0, &attempt, &lease, &token];
+        if sql::query_opt(&client, EXTEND_LEASE, params).await?.is_none() {
+            return Err(why_not_applied(&client, id, attempt, token).await?);
         }
         Ok(ItemStatus::Running)
     }
@@ -162,6 +174,7 @@ impl Broker {
                 id: WorkItemId(row.try_get("id")?),
                 attempt: row.try_get("attempt")?,
                 ending: Ending::Failed { error: Some("lease expired".to_owned()), retryable: true },
+                token: None,
             };
             let answers = self.end_batch(&[ending], LeaseCondition::Expired, Owners::Wait).await?;
             reaped +=
@@ -199,6 +212,7 @@ impl Broker {
             recorded.iter().map(|r| r.next_component).collect();
         let expired_only = condition == LeaseCondition::Expired;
         let wait = owners == Owners::Wait;
+        let tokens: Vec<Option<i64>> = endings.iter().map(|ending| ending.token).collect();
         let params: sql::Params = &[
             &ids,
             &attempts,
@@ -208,6 +222,7 @@ impl Broker {
             &next_components,
             &expired_only,
             &wait,
+            &tokens,
         ];
         // Each request is sent when its future is first polled, and `biased` has try_join poll
         // them in the order written (by default it rotates which one goes first). (Should
@@ -291,7 +306,7 @@ impl Broker {
         for (outcome, ending) in outcomes.into_iter().zip(endings) {
             answers.push(match outcome {
                 Some(outcome) => outcome,
-                None => Err(why_not_applied(tx, ending.id, ending.attempt).await?),
+                None => Err(why_not_applied(tx, ending.id, ending.attempt, ending.token).await?),
             });
         }
         if !maybe_done.is_empty() {
@@ -384,18 +399,29 @@ fn item_not_found(id: WorkItemId) -> BrokerError {
     BrokerError::not_found("work_item_not_found", format!("no work item {id}"))
 }
 
-/// Explains why an update naming `attempt` of item `id` did not apply.
+/// Explains why an update naming `attempt` of item `id`, sent with `token`, did not apply.
 async fn why_not_applied(
     client: &impl GenericClient,
     id: WorkItemId,
     attempt: i32,
+    token: Option<i64>,
 ) -> Result<BrokerError, BrokerError> {
     let Some(row) = sql::query_opt(client, DESCRIBE_ITEM, &[&id.0]).await? else {
         return Ok(item_not_found(id));
     };
     let status: String = row.try_get("status")?;
     let current: i32 = row.try_get("attempt")?;
+    let claimed_by: Option<i64> = row.try_get("claimed_by")?;
     Ok(match status.as_str() {
+        "running" if current == attempt && token.is_some() && claimed_by != token => {
+            BrokerError::Forbidden {
+                code: "not_your_item",
+                message: format!(
+                    "attempt {attempt} of work item {id} was claimed with another token; only \
+                     that token may report on it"
+                ),
+            }
+        }
         "successful" | "failed" | "canceled" => BrokerError::conflict(
             "item_finished",
             format!("work item {id} is already {status}"),

@@ -4,10 +4,12 @@ use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde::Serialize;
 
 use super::{client, CliError};
+use crate::auth::TokenDocument;
 use crate::broker::membership::{QuerierDocument, TenantDocument};
 use crate::broker::model::{JobDocument, JobId, UserWorkRow};
+use crate::client::Client;
 use crate::client::JobAction;
-use crate::config::{AdminArgs, AdminCommand, JobCommand, TenantCommand};
+use crate::config::{AdminArgs, AdminCommand, JobCommand, TenantCommand, TokenCommand};
 use crate::metrics::ServiceSummary;
 
 pub async fn run(args: AdminArgs) -> Result<(), CliError> {
@@ -47,6 +49,7 @@ pub async fn run(args: AdminArgs) -> Result<(), CliError> {
             print.list(&[tenant], tenants_table)
         }
         AdminCommand::Queriers => print.list(&client.queriers().await?, queriers_table),
+        AdminCommand::Tokens { command } => tokens(&client, &print, command).await,
         AdminCommand::Consistency => {
             let recount = client.consistency().await?;
             if args.json {
@@ -76,6 +79,57 @@ pub async fn run(args: AdminArgs) -> Result<(), CliError> {
                     recount.mismatches.len()
                 )))
             }
+        }
+    }
+}
+
+/// `fairway admin tokens`: a made token is printed once, alone on the last line, after what
+/// is stored of it; listings never hold a secret.
+async fn tokens(client: &Client, print: &Printer, command: TokenCommand) -> Result<(), CliError> {
+    match command {
+        TokenCommand::Create { role, tenants, services, name, expires } => {
+            let mut body = serde_json::json!({ "role": role });
+            if !tenants.is_empty() {
+                body["tenants"] = serde_json::json!(tenants);
+            }
+            if !services.is_empty() {
+                body["services"] = serde_json::json!(services);
+            }
+            if let Some(name) = name {
+                body["name"] = serde_json::json!(name);
+            }
+            if let Some(expires) = expires {
+                body["expires_in_seconds"] = serde_json::json!(expires.as_secs().max(1));
+            }
+            let created = client.create_token(&body).await?;
+            if print.json {
+                print.json(
+                    &serde_json::json!({ "token": created.token, "details": created.details }),
+                )
+            } else {
+                println!("{}", tokens_table(std::slice::from_ref(&created.details)));
+                println!("The token, shown this once (only its hash is stored):");
+                println!("{}", created.token);
+                Ok(())
+            }
+        }
+        TokenCommand::List => print.list(&client.tokens().await?, tokens_table),
+        TokenCommand::Revoke { token } => {
+            let id = match token.parse::<i64>() {
+                Ok(id) => id,
+                Err(_) => {
+                    let now = chrono::Utc::now();
+                    client
+                        .tokens()
+                        .await?
+                        .into_iter()
+                        .find(|listed| listed.name == token && listed.is_live(now))
+                        .map(|listed| listed.id)
+                        .ok_or_else(|| CliError::Input(format!("no live token named {token:?}")))?
+                }
+            };
+            let revoked = client.revoke_token(id).await?;
+            print.list(&[revoked], tokens_table)
         }
     }
 }
@@ -240,6 +294,31 @@ fn queriers_table(queriers: &[QuerierDocument]) -> Table {
             querier.leases.to_string(),
             when(Some(querier.last_request_at)),
             querier.tenants.join(", "),
+        ]);
+    }
+    table
+}
+
+fn tokens_table(tokens: &[TokenDocument]) -> Table {
+    let mut table =
+        table(&["id", "name", "role", "scope", "created", "expires", "revoked", "last used"]);
+    for token in tokens {
+        let scope = match (&token.tenants, &token.services) {
+            (Some(tenants), _) => format!("tenants: {}", tenants.join(", ")),
+            (_, Some(services)) => format!("services: {}", services.join(", ")),
+            _ => "all".to_owned(),
+        };
+        let expires = token.expires_at.map_or_else(|| "never".to_owned(), |at| when(Some(at)));
+        let revoked = token.revoked_at.map_or_else(|| "–".to_owned(), |at| when(Some(at)));
+        table.add_row(vec![
+            token.id.to_string(),
+            token.name.clone(),
+            token.role.as_str().to_owned(),
+            scope,
+            when(Some(token.created_at)),
+            expires,
+            revoked,
+            when(token.last_used_at),
         ]);
     }
     table

@@ -28,14 +28,17 @@ statements! {
     CREATE_TENANT = "create_tenant";
     CREATE_USER = "create_user";
     DESCRIBE_ITEM = "describe_item";
+    ENSURE_ADMIN_TOKEN = "ensure_admin_token";
     EXTEND_LEASE = "extend_lease";
     FIND_EXPIRED_LEASES = "find_expired_leases";
     FIND_PRUNABLE_JOBS = "find_prunable_jobs";
+    FIND_TOKEN = "find_token";
     FINISH_ITEMS = "finish_items";
     FOLD_STRATEGY_RUNNING = "fold_strategy_running";
     GET_JOB = "get_job";
     GET_JOBS_STEPS = "get_jobs_steps";
     HAS_CLAIMABLE_WORK = "has_claimable_work";
+    INSERT_TOKEN = "insert_token";
     ITEM_CREATION_TIMES = "item_creation_times";
     INSERT_AGGREGATE_ITEM = "insert_aggregate_item";
     INSERT_FIRST_STEP_ITEMS = "insert_first_step_items";
@@ -43,11 +46,13 @@ statements! {
     INSERT_JOB_METADATA = "insert_job_metadata";
     INSERT_JOB_STEPS = "insert_job_steps";
     INSERT_NEXT_STEP_ITEMS = "insert_next_step_items";
+    JOB_TENANT = "job_tenant";
     JOIN_QUERIER = "join_querier";
     LIST_JOB_ITEMS = "list_job_items";
     LIST_QUERIERS = "list_queriers";
     LIST_TENANT_JOBS = "list_tenant_jobs";
     LIST_TENANTS = "list_tenants";
+    LIST_TOKENS = "list_tokens";
     LIST_USER_JOBS = "list_user_jobs";
     LIST_USER_SHARES = "list_user_shares";
     LIST_USER_WORK = "list_user_work";
@@ -68,11 +73,14 @@ statements! {
     RESHARD_TENANTS = "reshard_tenants";
     RETIRE_QUERIERS = "retire_queriers";
     RETIRE_TENANT_QUEUES = "retire_tenant_queues";
+    REVOKE_TOKEN = "revoke_token";
     SET_JOB_PAUSED = "set_job_paused";
     STRATEGY_USAGE = "strategy_usage";
     SET_JOB_STATUS = "set_job_status";
     SHUT_DOWN_QUERIER = "shut_down_querier";
+    TOKENS_EXIST = "tokens_exist";
     TOUCH_QUERIER = "touch_querier";
+    TOUCH_TOKEN = "touch_token";
     UPSERT_TENANT = "upsert_tenant";
     VACUUM_FAIR_ORDER = "vacuum_fair_order";
 

@@ -8,6 +8,7 @@ use serde::Serialize;
 use thiserror::Error;
 use utoipa::ToSchema;
 
+use crate::auth::Refusal;
 use crate::broker::BrokerError;
 
 /// Every error answer's body.
@@ -45,6 +46,14 @@ pub enum ApiError {
     /// The broker is stopping: send the request to another one.
     #[error("this broker is shutting down")]
     ShuttingDown,
+
+    /// No usable token: 401, with `WWW-Authenticate: Bearer`.
+    #[error("{}", .0.message())]
+    Unauthenticated(Refusal),
+
+    /// The token's role or scope does not allow this: 403.
+    #[error("{message}")]
+    Forbidden { code: &'static str, message: String },
 }
 
 impl ApiError {
@@ -52,11 +61,17 @@ impl ApiError {
         Self::BadRequest { code, message: message.into() }
     }
 
+    pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
+        Self::Forbidden { code, message: message.into() }
+    }
+
     fn code(&self) -> &'static str {
         match self {
             Self::Broker(BrokerError::Invalid { code, .. })
             | Self::Broker(BrokerError::NotFound { code, .. })
             | Self::Broker(BrokerError::Conflict { code, .. })
+            | Self::Broker(BrokerError::Forbidden { code, .. })
+            | Self::Forbidden { code, .. }
             | Self::BadRequest { code, .. } => code,
             Self::Broker(BrokerError::TooManyOutstanding(_)) => "too_many_outstanding",
             Self::Broker(BrokerError::QuerierShuttingDown(_)) => "querier_shutting_down",
@@ -68,6 +83,10 @@ impl ApiError {
             Self::NoSuchRoute { .. } => "not_found",
             Self::WrongMethod { .. } => "method_not_allowed",
             Self::ShuttingDown => "shutting_down",
+            Self::Unauthenticated(Refusal::Missing) => "missing_token",
+            Self::Unauthenticated(Refusal::Malformed | Refusal::Unknown) => "invalid_token",
+            Self::Unauthenticated(Refusal::Expired) => "token_expired",
+            Self::Unauthenticated(Refusal::Revoked) => "token_revoked",
         }
     }
 }
@@ -90,6 +109,10 @@ impl ResponseError for ApiError {
             Self::NoSuchRoute { .. } => StatusCode::NOT_FOUND,
             Self::WrongMethod { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            Self::Broker(BrokerError::Forbidden { .. }) | Self::Forbidden { .. } => {
+                StatusCode::FORBIDDEN
+            }
         }
     }
 
@@ -102,8 +125,16 @@ impl ResponseError for ApiError {
         } else {
             self.to_string()
         };
-        HttpResponse::build(status)
-            .json(ErrorBody { error: ErrorDetail { code: self.code(), message } })
+        let mut response = HttpResponse::build(status);
+        if let Self::Unauthenticated(refusal) = self {
+            // RFC 6750: a presented token that failed is an invalid_token; none, no error.
+            let challenge = match refusal {
+                Refusal::Missing => r#"Bearer realm="fairway""#,
+                _ => r#"Bearer realm="fairway", error="invalid_token""#,
+            };
+            response.insert_header((actix_web::http::header::WWW_AUTHENTICATE, challenge));
+        }
+        response.json(ErrorBody { error: ErrorDetail { code: self.code(), message } })
     }
 }
 

@@ -1,9 +1,11 @@
 //! The HTTP API, one module per audience. Handlers validate and translate; the broker decides.
 
 mod admin;
+pub mod auth;
 pub mod error;
 pub mod openapi;
 mod producers;
+mod tokens;
 mod ui;
 mod workers;
 
@@ -81,6 +83,7 @@ pub fn configure(max_body_bytes: usize) -> impl FnOnce(&mut web::ServiceConfig) 
             .configure(producers::routes)
             .configure(workers::routes)
             .configure(admin::routes)
+            .configure(tokens::routes)
             .configure(openapi::routes)
             .configure(ui::routes);
     }

@@ -8,7 +8,8 @@ use utoipa::openapi::{RefOr, Response, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 use utoipa_swagger_ui::SwaggerUi;
 
-use super::{admin, error, producers, workers};
+use super::auth::{access, Access};
+use super::{admin, error, producers, tokens, workers};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -34,12 +35,15 @@ use super::{admin, error, producers, workers};
         admin::tenants,
         admin::tenant,
         admin::set_tenant,
+        tokens::create_token,
+        tokens::list_tokens,
+        tokens::revoke_token,
         admin::metrics,
         admin::healthz,
         admin::readyz,
     ),
     components(schemas(error::ErrorBody, producers::JobAction)),
-    modifiers(&ErrorsEveryOperationMayAnswer),
+    modifiers(&ErrorsEveryOperationMayAnswer, &BearerTokens),
     tags(
         (name = "producers", description = "Submit jobs and steer them."),
         (name = "workers", description = "Ask for work and report on it."),
@@ -82,6 +86,59 @@ fn add_errors(operation: &mut Operation) {
             .responses
             .entry(status.to_owned())
             .or_insert_with(|| error(description));
+    }
+}
+
+/// The bearer scheme, required by every operation that is not open (src/http/auth.rs's table),
+/// each of which may then answer 401 and 403. Open: the probes, /metrics by default.
+struct BearerTokens;
+
+impl Modify for BearerTokens {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{
+            HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+        };
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "A token from `fairway admin tokens create` or FAIRWAY_ADMIN_TOKEN; \
+                         needed once any token exists (README, \"Security\").",
+                    ))
+                    .build(),
+            ),
+        );
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let operations = [
+                (actix_web::http::Method::GET, &mut item.get),
+                (actix_web::http::Method::PUT, &mut item.put),
+                (actix_web::http::Method::POST, &mut item.post),
+                (actix_web::http::Method::DELETE, &mut item.delete),
+                (actix_web::http::Method::PATCH, &mut item.patch),
+            ];
+            for (method, operation) in operations {
+                let Some(operation) = operation else { continue };
+                if access(&method, Some(path), false) == Access::Open {
+                    continue;
+                }
+                operation.security =
+                    Some(vec![SecurityRequirement::new("bearer", Vec::<String>::new())]);
+                let errors = [
+                    ("401", "No token, or one that is unknown, expired or revoked (with WWW-Authenticate: Bearer); nothing was changed."),
+                    ("403", "The token's role or scope does not allow this; nothing was changed."),
+                ];
+                for (status, description) in errors {
+                    operation
+                        .responses
+                        .responses
+                        .entry(status.to_owned())
+                        .or_insert_with(|| error(description));
+                }
+            }
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use super::error::{ApiError, ErrorBody};
 use super::{endpoint, non_empty, number, page_limit};
+use crate::auth::Principal;
 use crate::broker::listing::{
     ItemFilter, ItemsCursor, ItemsPage, JobOwner, JobsCursor, JobsPage, ResultsCursor, ResultsPage,
 };
@@ -159,9 +160,11 @@ pub struct Submitted {
 ))]
 async fn submit_job(
     broker: web::Data<Broker>,
+    principal: Principal,
     body: web::Json<JobBody>,
 ) -> Result<HttpResponse, ApiError> {
     let job = body.into_inner().validate()?;
+    principal.check_tenant(job.tenant.as_str())?;
     let job_id = broker.submit_job(&job).await?;
     Ok(HttpResponse::Created().json(Submitted { job_id, status: JobStatus::Accepted }))
 }
@@ -184,11 +187,14 @@ pub struct ItemsBody {
 ))]
 async fn append_items(
     broker: web::Data<Broker>,
+    principal: Principal,
     path: web::Path<Uuid>,
     body: web::Json<ItemsBody>,
 ) -> Result<HttpResponse, ApiError> {
     let items = validate_items(body.into_inner().items)?;
-    let job = broker.append_items(JobId(path.into_inner()), &items).await?;
+    let job_id = JobId(path.into_inner());
+    check_job(&broker, &principal, job_id).await?;
+    let job = broker.append_items(job_id, &items).await?;
     Ok(HttpResponse::Ok().json(job))
 }
 
@@ -212,6 +218,7 @@ struct JobQuery {
 ))]
 async fn get_job(
     broker: web::Data<Broker>,
+    principal: Principal,
     path: web::Path<Uuid>,
     query: web::Query<JobQuery>,
 ) -> Result<HttpResponse, ApiError> {
@@ -223,6 +230,7 @@ async fn get_job(
             format!("wait must be between 0 and {MAX_WAIT_SECONDS} seconds"),
         ));
     }
+    check_job(&broker, &principal, job_id).await?;
     let job = if wait == 0 {
         broker.get_job(job_id).await?
     } else {
@@ -252,13 +260,15 @@ struct ResultsQuery {
 ))]
 async fn job_results(
     broker: web::Data<Broker>,
+    principal: Principal,
     path: web::Path<Uuid>,
     query: web::Query<ResultsQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let limit = page_limit(non_empty(&query.limit))?;
     let cursor = non_empty(&query.cursor).map(ResultsCursor::parse).transpose()?;
-    let page =
-        broker.job_results(JobId(path.into_inner()), cursor.unwrap_or_default(), limit).await?;
+    let job_id = JobId(path.into_inner());
+    check_job(&broker, &principal, job_id).await?;
+    let page = broker.job_results(job_id, cursor.unwrap_or_default(), limit).await?;
     Ok(HttpResponse::Ok().json(page))
 }
 
@@ -289,6 +299,7 @@ struct ItemsQuery {
 ))]
 async fn list_items(
     broker: web::Data<Broker>,
+    principal: Principal,
     path: web::Path<Uuid>,
     query: web::Query<ItemsQuery>,
 ) -> Result<HttpResponse, ApiError> {
@@ -300,9 +311,9 @@ async fn list_items(
     let limit = page_limit(non_empty(&query.limit))?;
     let cursor = non_empty(&query.cursor).map(ItemsCursor::parse).transpose()?;
     let filter = ItemFilter { step, status };
-    let page = broker
-        .job_items(JobId(path.into_inner()), filter, cursor.unwrap_or_default(), limit)
-        .await?;
+    let job_id = JobId(path.into_inner());
+    check_job(&broker, &principal, job_id).await?;
+    let page = broker.job_items(job_id, filter, cursor.unwrap_or_default(), limit).await?;
     Ok(HttpResponse::Ok().json(page))
 }
 
@@ -331,9 +342,22 @@ struct JobsQuery {
     responses((status = 200, description = "A page of jobs.", body = JobsPage)))]
 async fn list_jobs(
     broker: web::Data<Broker>,
+    principal: Principal,
     query: web::Query<JobsQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let tenant = non_empty(&query.tenant).map(TenantName::parse).transpose()?;
+    let mut tenant = non_empty(&query.tenant).map(TenantName::parse).transpose()?;
+    // A token scoped to tenants lists one of them: the one named, or its only one.
+    match (&tenant, principal.tenants()) {
+        (Some(tenant), _) => principal.check_tenant(tenant.as_str())?,
+        (None, Some([only])) => tenant = Some(TenantName::parse(only)?),
+        (None, Some(_)) => {
+            return Err(ApiError::forbidden(
+                "tenant_out_of_scope",
+                "this token may list only some tenants' jobs: name one with tenant=",
+            ))
+        }
+        (None, None) => {}
+    }
     let owner = match (non_empty(&query.user), tenant) {
         (Some(user), tenant) => JobOwner::User { user: UserName::parse(user)?, tenant },
         (None, Some(tenant)) => JobOwner::Tenant(tenant),
@@ -374,14 +398,26 @@ pub enum JobAction {
 ))]
 async fn steer_job(
     broker: web::Data<Broker>,
+    principal: Principal,
     path: web::Path<(Uuid, JobAction)>,
 ) -> Result<HttpResponse, ApiError> {
     let (job_id, action) = path.into_inner();
     let job_id = JobId(job_id);
+    check_job(&broker, &principal, job_id).await?;
     let job = match action {
         JobAction::Pause => broker.pause_job(job_id).await?,
         JobAction::Resume => broker.resume_job(job_id).await?,
         JobAction::Cancel => broker.cancel_job(job_id).await?,
     };
     Ok(HttpResponse::Ok().json(job))
+}
+
+/// For a token scoped to tenants: the job's 404 unless it is one of theirs, as if another
+/// tenant's job did not exist. Unscoped callers pay nothing.
+async fn check_job(broker: &Broker, principal: &Principal, job_id: JobId) -> Result<(), ApiError> {
+    if principal.tenants().is_none() {
+        return Ok(());
+    }
+    broker.check_job_tenant(job_id, |tenant| principal.may_use_tenant(tenant)).await?;
+    Ok(())
 }

@@ -9,6 +9,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::endpoint;
 use super::error::{ApiError, ErrorBody};
+use crate::auth::Principal;
 use crate::broker::model::{
     ClaimRequest, ComponentName, ItemStatus, QuerierName, ServiceName, StatusUpdate, WorkItem,
     WorkItemId,
@@ -75,6 +76,7 @@ fn out_of_range(name: &str, low: u32, high: u32) -> ApiError {
 ))]
 async fn get_work(
     broker: web::Data<Broker>,
+    principal: Principal,
     query: web::Query<WorkQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let query = query.into_inner();
@@ -87,8 +89,15 @@ async fn get_work(
     if !(1..=MAX_BATCH).contains(&query.max) {
         return Err(out_of_range("max", 1, MAX_BATCH));
     }
+    let service = ServiceName::parse(&query.service)?;
+    if !principal.may_claim(service.as_str()) {
+        return Err(ApiError::forbidden(
+            "service_out_of_scope",
+            format!("this token may not claim service {:?}'s work", service.as_str()),
+        ));
+    }
     let request = ClaimRequest {
-        service: ServiceName::parse(&query.service)?,
+        service,
         querier: QuerierName::parse(&query.querier)?,
         // Both bounded by the checks above.
         worker: query.worker as i32,
@@ -97,6 +106,7 @@ async fn get_work(
             Some(text) => Strategy::parse(text)?.to_claim_argument(),
             None => None,
         },
+        token: principal.token_id(),
     };
     let items = broker.claim_waiting(&request, Duration::from_secs(u64::from(query.wait))).await?;
     if items.is_empty() {
@@ -188,17 +198,19 @@ impl StatusBody {
     responses(
         (status = 200, description = "Applied.", body = StatusAnswer),
         (status = 404, description = "No such item.", body = ErrorBody),
+        (status = 403, description = "A worker token's report on an attempt another token claimed; nothing changed.", body = ErrorBody),
         (status = 409, description = "The attempt is no longer current, or the item has finished.", body = ErrorBody),
 ))]
 async fn post_status(
     broker: web::Data<Broker>,
+    principal: Principal,
     path: web::Path<i64>,
     body: web::Json<StatusBody>,
 ) -> Result<HttpResponse, ApiError> {
     let id = WorkItemId(path.into_inner());
     let attempt = body.attempt;
     let update = body.into_inner().validate()?;
-    let status = broker.update_status(id, attempt, update).await?;
+    let status = broker.update_status(id, attempt, update, principal.reporting_token()).await?;
     Ok(HttpResponse::Ok().json(StatusAnswer { id, status }))
 }
 

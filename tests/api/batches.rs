@@ -39,6 +39,7 @@ async fn one_claim_batch_answers_each_request_for_its_own_querier() {
                 &300_000_i64,
                 &1_000_i64,
                 &vec![None::<serde_json::Value>; services.len()],
+                &vec![None::<i64>; services.len()],
             ],
         )
         .await
@@ -250,8 +251,9 @@ async fn end_successfully(app: &TestApp, ids: &[i64], attempts: &[i32]) -> Vec<(
     let statuses = vec!["successful"; ids.len()];
     let results = vec![Some(json!([])); ids.len()];
     let nothing: Vec<Option<&str>> = vec![None; ids.len()];
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
-        [&ids, &attempts, &statuses, &results, &nothing, &nothing, &false, &false];
+    let tokens: Vec<Option<i64>> = vec![None; ids.len()];
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] =
+        [&ids, &attempts, &statuses, &results, &nothing, &nothing, &false, &false, &tokens];
     let rows = app.db.query(sql::FINISH_ITEMS, &params).await.expect("finish_items");
     let mut answers: Vec<(i32, bool)> =
         rows.iter().map(|row| (row.get("ending"), row.get("deferred"))).collect();

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use fairway::config::{BatchArgs, DatabaseArgs, MetricsArgs, PruneArgs, ServeArgs, VacuumArgs};
+use fairway::config::{
+    AuthArgs, BatchArgs, DatabaseArgs, MetricsArgs, PruneArgs, ServeArgs, VacuumArgs,
+};
 use fairway::startup::Application;
 use reqwest::{Response, StatusCode};
 use serde_json::{json, Value};
@@ -158,11 +160,35 @@ pub fn default_args() -> ServeArgs {
             metrics_refresh: Duration::from_secs(5),
             metrics_tenant_label: false,
         },
+        auth: AuthArgs::default(),
     }
+}
+
+/// The bootstrap admin token (FAIRWAY_ADMIN_TOKEN) of brokers spawned with auth.
+pub const ADMIN_TOKEN: &str = "fw_test-admin-0123456789abcdef0123456789abcdef";
+
+/// `default_args` with auth on: FAIRWAY_ADMIN_TOKEN set, and a one-second token cache, so
+/// that a revocation shows quickly.
+pub fn auth_args() -> ServeArgs {
+    ServeArgs {
+        auth: AuthArgs {
+            admin_token: Some(ADMIN_TOKEN.to_owned()),
+            auth_cache_ttl: Duration::from_secs(1),
+            ..AuthArgs::default()
+        },
+        ..default_args()
+    }
+}
+
+/// A broker with auth on, whose helpers send the admin token.
+pub async fn spawn_app_with_auth() -> TestApp {
+    spawn_app_with(auth_args()).await
 }
 
 pub struct TestApp {
     pub address: String,
+    /// The bearer token the helpers send: the admin token of a broker spawned with auth.
+    pub token: Option<String>,
     /// The broker behind `address`, for what a test runs in-process (a pruning pass).
     pub broker: fairway::broker::Broker,
     pub http: reqwest::Client,
@@ -186,7 +212,8 @@ pub async fn spawn_broker(args: ServeArgs, config: tokio_postgres::Config) -> Te
     let broker = app.broker().clone();
     tokio::spawn(app.run_until_stopped());
     let db = connect(&config).await;
-    TestApp { address, broker, http: reqwest::Client::new(), db, config }
+    let token = args.auth.admin_token.clone();
+    TestApp { address, token, broker, http: reqwest::Client::new(), db, config }
 }
 
 impl TestApp {
@@ -194,12 +221,21 @@ impl TestApp {
         format!("{}{}", self.address, path)
     }
 
+    /// A request to `path`, with the app's token if it has one.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, self.url(path));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
     pub async fn post(&self, path: &str, body: &Value) -> Response {
-        self.http.post(self.url(path)).json(body).send().await.expect("POST")
+        self.request(reqwest::Method::POST, path).json(body).send().await.expect("POST")
     }
 
     pub async fn get(&self, path: &str) -> Response {
-        self.http.get(self.url(path)).send().await.expect("GET")
+        self.request(reqwest::Method::GET, path).send().await.expect("GET")
     }
 
     /// Submits a job and returns its id.

@@ -1,5 +1,6 @@
 //! API tests against a real PostgreSQL, one module per capability.
 
+mod auth;
 mod batches;
 mod cli;
 mod concurrency;

@@ -251,7 +251,7 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
     let statements = [
         ("count_outstanding", sql::COUNT_OUTSTANDING, "'tenant-7'".to_owned()),
         ("has_claimable_work", sql::HAS_CLAIMABLE_WORK, "'svc', 'pod-0'".to_owned()),
-        ("extend_lease", sql::EXTEND_LEASE, format!("{item}, 1, 300000")),
+        ("extend_lease", sql::EXTEND_LEASE, format!("{item}, 1, 300000, NULL")),
         ("find_expired_leases", sql::FIND_EXPIRED_LEASES, "500".to_owned()),
         ("retire_queriers", sql::RETIRE_QUERIERS, "60000".to_owned()),
         ("refresh_job_status", sql::REFRESH_JOB_STATUS, format!("ARRAY['{job}']::uuid[]")),
@@ -486,7 +486,7 @@ async fn items_are_addressed_by_primary_key_while_statistics_lag() {
     db.batch_execute(AUTO_EXPLAIN).await.expect("auto_explain");
     for mode in ["force_custom_plan", "force_generic_plan"] {
         db.batch_execute(&format!("SET plan_cache_mode = {mode}")).await.expect("plan mode");
-        let extend = plan(&db, sql::EXTEND_LEASE, "24000, 1, 300000").await;
+        let extend = plan(&db, sql::EXTEND_LEASE, "24000, 1, 300000, NULL").await;
         let mut plans = vec![("extend_lease".to_owned(), extend)];
         plans.extend(nested_plans(&db, &mut notices, &finish(24000, 1)).await);
         for (name, plan) in &plans {
