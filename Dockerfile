@@ -1,6 +1,8 @@
 # The broker's image: `fairway serve` on 0.0.0.0:8080, as a non-root user, needing nothing
 # written to its root filesystem. It holds no PostgreSQL and refuses to start without
-# DATABASE_URL. Build: docker build -t fairway .
+# DATABASE_URL; bound to 0.0.0.0, it also refuses to start without auth: give it
+# FAIRWAY_ADMIN_TOKEN (README, "Security"), or a database that holds tokens.
+# Build: docker build -t fairway .
 
 # Build stage. The dependencies are built first, against stub sources, in a layer of their own:
 # changing fairway's code rebuilds only fairway.

@@ -59,9 +59,10 @@ async fn env_vars(command: &str) -> BTreeSet<String> {
         .await
         .expect("fairway serve --help");
     let help = String::from_utf8(output.stdout).expect("UTF-8 help");
+    // `[env: NAME=value]`, or `[env: NAME]` for a secret whose value help hides.
     help.split("[env: ")
         .skip(1)
-        .filter_map(|rest| rest.split_once('=').map(|(name, _)| name.to_owned()))
+        .filter_map(|rest| rest.split(['=', ']']).next().map(str::to_owned))
         .collect()
 }
 
@@ -217,6 +218,36 @@ async fn each_overlay_validates_and_names_what_the_broker_reads_serves_and_expor
             (Some("DATABASE_URL"), Some("fairway-db-app")),
             "the broker reads the URL CloudNativePG writes for cluster fairway-db"
         );
+
+        // Bound to 0.0.0.0, the broker needs auth: its admin token comes from a Secret, as the
+        // worker's and the consistency check's tokens do (README, "Security").
+        let secret_of = |env: &Value, name: &str| {
+            env.as_array()
+                .into_iter()
+                .flatten()
+                .find(|variable| variable["name"] == name)
+                .and_then(|variable| variable["valueFrom"]["secretKeyRef"]["name"].as_str())
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            secret_of(&container["env"], "FAIRWAY_ADMIN_TOKEN").as_deref(),
+            Some("fairway-admin-token"),
+            "{overlay}"
+        );
+        assert_eq!(
+            secret_of(&worker["env"], "FAIRWAY_TOKEN").as_deref(),
+            Some("fairway-worker-token"),
+            "{overlay}"
+        );
+        let check = &find(&objects, "CronJob", "fairway-consistency")["spec"]["jobTemplate"]
+            ["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(
+            secret_of(&check["env"], "FAIRWAY_TOKEN").as_deref(),
+            Some("fairway-reader-token"),
+            "{overlay}"
+        );
+        let command = strings(&check["command"]).join(" ");
+        assert!(command.contains("Authorization: Bearer $FAIRWAY_TOKEN"), "{command}");
     }
     let production = render("overlays/production").await;
     let database = &find(&production, "Cluster", "fairway-db")["spec"];
