@@ -10,13 +10,52 @@ const COLOURS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948
 
 const $ = (selector) => document.querySelector(selector);
 
-async function api(path, options) {
-  const response = await fetch(path, options);
+// The bearer token, once the broker asked for one: this tab's session storage only, never
+// localStorage or a cookie, so that it goes when the tab does.
+const TOKEN_KEY = "fairway-token";
+
+async function api(path, options = {}) {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const headers = new Headers(options.headers || {});
+  if (token) headers.set("Authorization", `Bearer ${token}`);
+  const response = await fetch(path, { ...options, headers });
   if (response.status === 204) return null;
   const body = await response.json();
+  if (response.status === 401) {
+    askForToken(token ? body.error.message : null);
+    throw new Error(body.error ? body.error.message : response.statusText);
+  }
   if (!response.ok) throw new Error(body.error ? body.error.message : response.statusText);
   return body;
 }
+
+// Auth is on and the tab has no token, or one the broker refused: ask for one.
+function askForToken(refusal) {
+  if (refusal) sessionStorage.removeItem(TOKEN_KEY);
+  $("#token-error").textContent = refusal ? `The token was refused: ${refusal}` : "";
+  $("#token-error").hidden = !refusal;
+  $("#token-form").hidden = false;
+  $("#token-forget").hidden = true;
+  document.body.dataset.needsToken = "true";
+}
+
+$("#token-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const token = $("#token-input").value.trim();
+  if (!token) return;
+  sessionStorage.setItem(TOKEN_KEY, token);
+  $("#token-input").value = "";
+  $("#token-form").hidden = true;
+  $("#token-forget").hidden = false;
+  delete document.body.dataset.needsToken;
+  refresh();
+});
+$("#token-forget").addEventListener("click", () => {
+  sessionStorage.removeItem(TOKEN_KEY);
+  $("#token-forget").hidden = true;
+  refresh();
+});
+$("#token-forget").hidden = !sessionStorage.getItem(TOKEN_KEY);
 
 function cell(text) {
   const td = document.createElement("td");

@@ -12,7 +12,7 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 
-use crate::helpers::{spawn_app, TestApp};
+use crate::helpers::{spawn_app, spawn_app_with_auth, TestApp};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -339,5 +339,89 @@ async fn the_overview_shows_each_services_queue_as_the_api_does() {
         browser.table("#services").await.into_iter().map(|row| row[..4].to_vec()).collect();
     assert_eq!(shown, expected, "the page shows the API's numbers");
     browser.screenshot("overview").await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_auth_on_the_dashboard_asks_for_a_token_and_keeps_it_for_the_session_only() {
+    let Some(browser) = Browser::start().await else { return };
+    let app = spawn_app_with_auth().await;
+    app.http
+        .put(app.url("/admin/tenants/acme"))
+        .bearer_auth(app.token.as_deref().expect("the admin token"))
+        .json(&json!({ "max_queriers": 0, "max_outstanding": 7 }))
+        .send()
+        .await
+        .expect("set a tenant");
+    let made: Value = app
+        .post("/admin/tokens", &json!({ "role": "reader", "name": "dashboard" }))
+        .await
+        .json()
+        .await
+        .expect("JSON");
+    let reader = made["token"].as_str().expect("a token");
+
+    // No token yet: the API answers 401, and the page asks for one.
+    browser.client.goto(&app.url("/ui/#tenants")).await.expect("open the page");
+    let prompt = browser
+        .client
+        .wait()
+        .at_most(Duration::from_secs(15))
+        .for_element(Locator::Css("body[data-needs-token='true'] #token-form:not([hidden])"))
+        .await
+        .expect("the dashboard asks for a token");
+    browser.screenshot("token-prompt").await;
+
+    // A token that is not one is refused, and the page says so.
+    let input = prompt.find(Locator::Css("#token-input")).await.expect("the token field");
+    input.send_keys("fw_not-a-token").await.expect("type");
+    prompt.find(Locator::Css("button")).await.expect("button").click().await.expect("submit");
+    browser
+        .client
+        .wait()
+        .at_most(Duration::from_secs(15))
+        .for_element(Locator::Css("#token-error:not([hidden])"))
+        .await
+        .expect("the refusal is shown");
+
+    // The reader token: the page draws itself from the API.
+    let input = browser.client.find(Locator::Css("#token-input")).await.expect("the token field");
+    input.send_keys(reader).await.expect("type");
+    browser
+        .client
+        .find(Locator::Css("#token-form button"))
+        .await
+        .expect("button")
+        .click()
+        .await
+        .expect("submit");
+    browser.await_loaded("tenants").await;
+    let shown = browser.table("#tenant-list").await;
+    let acme = shown.iter().find(|row| row[0] == "acme").expect("acme is listed");
+    assert_eq!(acme[2], "7", "{shown:?}");
+    assert!(browser.client.find(Locator::Css("#token-form[hidden]")).await.is_ok());
+
+    // Kept in this tab's session storage only: not in localStorage, not in a cookie.
+    let kept = browser
+        .client
+        .execute(
+            "return [sessionStorage.getItem('fairway-token'), Object.keys(localStorage).length, document.cookie];",
+            vec![],
+        )
+        .await
+        .expect("read the storage");
+    assert_eq!(kept, json!([reader, 0, ""]));
+
+    // A new session (a new tab's storage is empty) is asked again.
+    browser.client.execute("sessionStorage.clear();", vec![]).await.expect("clear");
+    browser.client.goto("about:blank").await.expect("blank");
+    browser.client.goto(&app.url("/ui/#overview")).await.expect("open the page");
+    browser
+        .client
+        .wait()
+        .at_most(Duration::from_secs(15))
+        .for_element(Locator::Css("body[data-needs-token='true']"))
+        .await
+        .expect("asked again");
     browser.close().await;
 }
