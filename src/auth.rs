@@ -40,6 +40,9 @@ const PREFIX: &str = "fw_";
 /// Shortest `FAIRWAY_ADMIN_TOKEN` accepted: a token is only as strong as its entropy.
 pub const MIN_ADMIN_TOKEN_LEN: usize = 32;
 
+/// The longest a token may be made to last: 100 years (PostgreSQL's timestamps end in 294276).
+pub const MAX_EXPIRY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// How often, at most, a broker writes a token's last use.
 const TOUCH_EVERY: Duration = Duration::from_secs(60);
 
@@ -423,9 +426,13 @@ impl Authenticator {
                     "a token's expiry must be in the future",
                 ))
             }
-            Some(duration) => Some(i64::try_from(duration.as_millis()).map_err(|_| {
-                BrokerError::invalid("invalid_token_expiry", "the expiry is too far away")
-            })?),
+            Some(duration) if duration > MAX_EXPIRY => {
+                return Err(BrokerError::invalid(
+                    "invalid_token_expiry",
+                    "a token lasts at most 100 years; leave the expiry out for a token that lasts until revoked",
+                ))
+            }
+            Some(duration) => Some(i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)),
             None => None,
         };
         let client = self.inner.pool.get().await?;

@@ -630,6 +630,12 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10)]
     pub competing_tenants: u32,
 
+    /// Run the `http` paths with auth on: the brokers get an admin token, and the workers claim
+    /// and report with a worker token (scoped to the bench's service), as in production. Off:
+    /// no token, as a broker on loopback without tokens serves.
+    #[arg(long)]
+    pub http_auth: bool,
+
     /// Claim paths to run (comma-separated).
     #[arg(
         long,

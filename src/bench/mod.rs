@@ -211,7 +211,14 @@ fn pool_size(args: &BenchArgs) -> usize {
     args.database.pool_size.max(1)
 }
 
+/// The admin token of the `http` paths' brokers under --http-auth.
+const BENCH_ADMIN_TOKEN: &str = "fw_bench-admin-0123456789abcdef0123456789abcdef";
+
 fn serve_args(args: &BenchArgs) -> ServeArgs {
+    let auth = AuthArgs {
+        admin_token: args.http_auth.then(|| BENCH_ADMIN_TOKEN.to_owned()),
+        ..AuthArgs::default()
+    };
     ServeArgs {
         bind: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         database: DatabaseArgs {
@@ -235,7 +242,7 @@ fn serve_args(args: &BenchArgs) -> ServeArgs {
             metrics_refresh: Duration::from_secs(5),
             metrics_tenant_label: false,
         },
-        auth: AuthArgs::default(),
+        auth,
     }
 }
 
@@ -290,8 +297,11 @@ async fn run_path(
                 bases.push(format!("http://127.0.0.1:{}", app.port()));
                 servers.push((app.handle(), tokio::spawn(app.run_until_stopped())));
             }
-            let client = reqwest::Client::builder().pool_max_idle_per_host(args.workers).build()?;
-            Runner::Http { client, bases }
+            let mut client = reqwest::Client::builder().pool_max_idle_per_host(args.workers);
+            if args.http_auth {
+                client = client.default_headers(worker_token_header(pool).await?);
+            }
+            Runner::Http { client: client.build()?, bases }
         }
         BenchPath::FifoBatched => {
             let (lanes, most) = (args.batches.batch_lanes.into(), args.batches.batch_max.into());
@@ -468,4 +478,27 @@ fn machine(postgres: String) -> Machine {
         postgres,
         os: std::env::consts::OS.to_owned(),
     }
+}
+
+/// `Authorization: Bearer` with a new worker token scoped to the bench's service, for
+/// --http-auth.
+async fn worker_token_header(
+    pool: &deadpool_postgres::Pool,
+) -> Result<reqwest::header::HeaderMap, BenchError> {
+    let authenticator =
+        crate::auth::Authenticator::start(pool.clone(), Duration::from_secs(5), None).await?;
+    let (_, token) = authenticator
+        .create(crate::auth::NewToken {
+            name: None,
+            role: crate::auth::Role::Worker,
+            tenants: None,
+            services: Some(vec![seed::SERVICE.to_owned()]),
+            expires_in: None,
+        })
+        .await?;
+    let mut headers = reqwest::header::HeaderMap::new();
+    let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+        .map_err(|error| BenchError::Unexpected(error.to_string()))?;
+    headers.insert(reqwest::header::AUTHORIZATION, value);
+    Ok(headers)
 }

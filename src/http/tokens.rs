@@ -35,8 +35,8 @@ pub struct TokenBody {
     /// A worker token's services; absent: every service.
     #[schema(min_items = 1)]
     services: Option<Vec<String>>,
-    /// Seconds until it expires; absent: it lasts until revoked.
-    #[schema(minimum = 1)]
+    /// Seconds until it expires, at most 100 years; absent: it lasts until revoked.
+    #[schema(minimum = 1, maximum = 3153600000_u64)]
     expires_in_seconds: Option<u64>,
 }
 
