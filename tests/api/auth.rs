@@ -514,21 +514,28 @@ async fn a_non_loopback_bind_needs_auth_or_insecure_no_auth() {
 #[tokio::test]
 async fn the_first_token_turns_auth_on_for_every_broker() {
     // No token: loopback, auth off, everything answers without one.
-    let app = spawn_app_with(ServeArgs {
+    let args = || ServeArgs {
         auth: AuthArgs { auth_cache_ttl: Duration::from_millis(200), ..AuthArgs::default() },
         ..default_args()
-    })
-    .await;
-    assert_eq!(app.get("/admin/tenants").await.status(), StatusCode::OK);
-    let made = make_token_document(&app, json!({ "role": "admin" })).await;
-    await_true(Duration::from_secs(10), "auth turning on", || async {
-        app.get("/admin/tenants").await.status() == StatusCode::UNAUTHORIZED
+    };
+    let first = spawn_app_with(args()).await;
+    let second = spawn_broker(args(), first.config.clone()).await;
+    for app in [&first, &second] {
+        assert_eq!(app.get("/admin/tenants").await.status(), StatusCode::OK);
+    }
+    // The broker that made it at once, the other within its refresh.
+    let made = make_token_document(&first, json!({ "role": "admin" })).await;
+    assert_eq!(first.get("/admin/tenants").await.status(), StatusCode::UNAUTHORIZED);
+    await_true(Duration::from_secs(10), "auth turning on at the other broker", || async {
+        second.get("/admin/tenants").await.status() == StatusCode::UNAUTHORIZED
     })
     .await;
     let token = made["token"].as_str().expect("token");
-    let response =
-        app.http.get(app.url("/admin/tenants")).bearer_auth(token).send().await.expect("GET");
-    assert_eq!(response.status(), StatusCode::OK);
+    for app in [&first, &second] {
+        let response =
+            app.http.get(app.url("/admin/tenants")).bearer_auth(token).send().await.expect("GET");
+        assert_eq!(response.status(), StatusCode::OK);
+    }
 }
 
 #[tokio::test]
