@@ -16,6 +16,9 @@ KUBECTL ?= target/kubernetes-client/usr/bin/kubectl
 # Where the tests find both.
 TEST_TOOLS = FAIRWAY_TEST_PYTHON=$(abspath $(PYTOOLS))/bin/python FAIRWAY_TEST_KUBECTL=$(abspath $(KUBECTL))
 
+# Test-only code the tests compile in: src/broker/faults.rs.
+TEST_FEATURES := --features fault-injection
+
 .PHONY: run test lint bench bench-quick bench-scale demo k8s-validate
 
 ## Build and start the broker on 127.0.0.1:8080, on its private PostgreSQL unless DATABASE_URL is set.
@@ -23,15 +26,17 @@ run:
 	$(CARGO) run --release -- serve
 
 ## Run every test against a real PostgreSQL: DATABASE_URL if set, else a throwaway cluster.
+## The tests build with the test-only `fault-injection` feature (forced deadlocks); `make run`,
+## `make bench` and release builds never do.
 test: export FAIRWAY_REQUIRE_TOOLS = 1
 test: $(PYTOOLS_READY) $(KUBECTL)
 	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || \
 		echo "NOTE: no /usr/bin/chromium or /usr/bin/chromedriver: the dashboard's browser tests will be skipped"
 ifdef DATABASE_URL
-	$(TEST_TOOLS) $(CARGO) test --all-targets
+	$(TEST_TOOLS) $(CARGO) test --all-targets $(TEST_FEATURES)
 else
 	$(CARGO) build --bin fairway
-	$(TEST_TOOLS) ./target/debug/fairway postgres --data-dir $(TEST_PG_DATA) --ephemeral -- $(CARGO) test --all-targets
+	$(TEST_TOOLS) ./target/debug/fairway postgres --data-dir $(TEST_PG_DATA) --ephemeral -- $(CARGO) test --all-targets $(TEST_FEATURES)
 endif
 
 ## Render and validate each overlay in k8s/ (the tests do this too, and check it against the binary).
@@ -75,6 +80,7 @@ endif
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --all-targets $(TEST_FEATURES) -- -D warnings
 	$(CARGO) check --tests --features containers
 
 ## Fair sharing, shown: a broker on a throwaway cluster, worker pods, and three users arriving

@@ -125,6 +125,8 @@ pub struct Metrics {
     finished: IntCounterVec,
     lease_expirations: IntCounterVec,
     pruned: IntCounterVec,
+    transaction_retries: IntCounterVec,
+    transaction_retries_exhausted: IntCounterVec,
     claim_duration: Histogram,
     queue_wait: HistogramVec,
     batch_size: HistogramVec,
@@ -214,6 +216,17 @@ impl Metrics {
                 "fairway_pruned_total",
                 "Rows the pruner deleted, of finished jobs past --retention: jobs and items.",
                 &["kind"],
+            )?,
+            transaction_retries: counter(
+                "fairway_transaction_retries_total",
+                "Transactions run again after PostgreSQL aborted them for a deadlock (sqlstate \
+                 40P01) or a serialization failure (40001), by operation.",
+                &["operation", "sqlstate"],
+            )?,
+            transaction_retries_exhausted: counter(
+                "fairway_transaction_retries_exhausted_total",
+                "Transactions given up after every run was aborted so; each answered 503.",
+                &["operation", "sqlstate"],
             )?,
             claim_duration,
             queue_wait: histogram(
@@ -307,6 +320,16 @@ impl Metrics {
     pub fn pruned(&self, jobs: u64, items: u64) {
         self.pruned.with_label_values(&["jobs"]).inc_by(jobs);
         self.pruned.with_label_values(&["items"]).inc_by(items);
+    }
+
+    /// A transaction of `operation` failed with `sqlstate` and runs again.
+    pub fn transaction_retried(&self, operation: &str, sqlstate: &str) {
+        self.transaction_retries.with_label_values(&[operation, sqlstate]).inc();
+    }
+
+    /// A transaction of `operation` kept failing with `sqlstate` and was given up.
+    pub fn transaction_retries_exhausted(&self, operation: &str, sqlstate: &str) {
+        self.transaction_retries_exhausted.with_label_values(&[operation, sqlstate]).inc();
     }
 
     pub fn claim_batch(&self, requests: usize, took: Duration) {

@@ -137,6 +137,12 @@ where
     match run(requests).await {
         Ok(answers) => answers,
         Err(error) if requests.len() == 1 => vec![Err(error)],
+        // Retried already, as a whole: no request of the batch is to blame more than another,
+        // and going one by one would only meet the same contention again.
+        Err(error) if error.copy_contended().is_some() => requests
+            .iter()
+            .map(|_| Err(error.copy_contended().unwrap_or(BrokerError::BatchLost)))
+            .collect(),
         Err(error) => {
             tracing::warn!(%error, requests = requests.len(), "batch failed; one by one");
             let mut answers = Vec::with_capacity(requests.len());

@@ -75,7 +75,13 @@ impl Broker {
             return requests.iter().map(|_| Ok(Look::Nothing)).collect();
         }
         let started = Instant::now();
-        let looks = answer_each(&requests, |batch| self.claim_batch(batch)).await;
+        let broker = &self;
+        let looks = answer_each(&requests, |batch| {
+            // The claim commits in its one statement, before anything else can fail: a run
+            // that failed claimed nothing, and the batch runs again whole.
+            broker.retrying("claim", move || broker.claim_batch(batch))
+        })
+        .await;
         self.metrics.claim_batch(requests.len(), started.elapsed());
         looks
     }

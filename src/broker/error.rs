@@ -31,6 +31,20 @@ pub enum BrokerError {
     #[error("querier {0} is shutting down; it gets no more work")]
     QuerierShuttingDown(String),
 
+    /// PostgreSQL kept aborting the request's transaction for a deadlock or a serialization
+    /// failure, every try rolled back (see `retry`); nothing was changed. Sending the request
+    /// again is safe and will most likely succeed.
+    #[error(
+        "the database aborted this request's transaction {attempts} times ({sqlstate}: {reason}); \
+         nothing was changed, send it again"
+    )]
+    Contended {
+        operation: &'static str,
+        sqlstate: &'static str,
+        reason: &'static str,
+        attempts: u32,
+    },
+
     /// PostgreSQL cannot be reached (pool exhausted, connection refused or lost).
     #[error("database unavailable: {0}")]
     Unavailable(String),
@@ -60,6 +74,32 @@ impl BrokerError {
 
     pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
         Self::Conflict { code, message: message.into() }
+    }
+}
+
+/// The SQLSTATEs of a transaction PostgreSQL aborted only because of what ran beside it, and
+/// which the same transaction, run again, will most likely get through.
+const TRANSIENT: [(&str, &str); 2] =
+    [("40P01", "deadlock detected"), ("40001", "serialization failure")];
+
+impl BrokerError {
+    /// For a deadlock or a serialization failure: its SQLSTATE and what it is.
+    pub fn transient(&self) -> Option<(&'static str, &'static str)> {
+        let Self::Database(error) = self else {
+            return None;
+        };
+        let code = error.code()?.code();
+        TRANSIENT.into_iter().find(|(sqlstate, _)| *sqlstate == code)
+    }
+
+    /// A copy of a `Contended` error, for each request of a batch it stopped.
+    pub(super) fn copy_contended(&self) -> Option<Self> {
+        match *self {
+            Self::Contended { operation, sqlstate, reason, attempts } => {
+                Some(Self::Contended { operation, sqlstate, reason, attempts })
+            }
+            _ => None,
+        }
     }
 }
 

@@ -127,6 +127,10 @@ impl Broker {
     /// Stores a job, its steps and its first step's items, all ready at once. Refused, with
     /// nothing stored, when the items would take the tenant past its max_outstanding.
     pub async fn submit_job(&self, job: &NewJob) -> Result<JobId, BrokerError> {
+        self.retrying("submit_job", move || self.submit_job_once(job)).await
+    }
+
+    async fn submit_job_once(&self, job: &NewJob) -> Result<JobId, BrokerError> {
         let job_id = JobId(Uuid::new_v4());
         let user = job.user.as_str();
         let tenant = job.tenant.as_str();
@@ -150,6 +154,8 @@ impl Broker {
             sql::execute(&tx, INSERT_JOB_METADATA, params).await?;
         }
         add_first_step_items(&tx, job_id, &job.items).await?;
+        #[cfg(feature = "fault-injection")]
+        self.faults.strike(super::faults::Point::SubmitJob, &tx).await?;
         tx.commit().await?;
         Ok(job_id)
     }
@@ -157,6 +163,14 @@ impl Broker {
     /// Adds ready items to the first step of an unfinished job, for producers that discover
     /// work gradually. Refused once an aggregating step has its item: its inputs are final.
     pub async fn append_items(
+        &self,
+        job_id: JobId,
+        items: &[NewItem],
+    ) -> Result<JobDocument, BrokerError> {
+        self.retrying("append_items", move || self.append_items_once(job_id, items)).await
+    }
+
+    async fn append_items_once(
         &self,
         job_id: JobId,
         items: &[NewItem],
@@ -203,6 +217,10 @@ impl Broker {
 
     /// Takes the job's ready items out of the fair order; running items finish as usual.
     pub async fn pause_job(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
+        self.retrying("pause_job", move || self.pause_job_once(job_id)).await
+    }
+
+    async fn pause_job_once(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let job = lock_unfinished_job(&tx, job_id, "pause").await?;
@@ -217,6 +235,10 @@ impl Broker {
 
     /// Puts a paused job's ready items back into the fair order.
     pub async fn resume_job(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
+        self.retrying("resume_job", move || self.resume_job_once(job_id)).await
+    }
+
+    async fn resume_job_once(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let job = lock_unfinished_job(&tx, job_id, "resume").await?;
@@ -237,6 +259,10 @@ impl Broker {
     /// Marks every unfinished item of the job canceled. Workers holding one get 409 on their
     /// next update. Canceling a canceled job again changes nothing.
     pub async fn cancel_job(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
+        self.retrying("cancel_job", move || self.cancel_job_once(job_id)).await
+    }
+
+    async fn cancel_job_once(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         lock_job_owner(&tx, job_id).await?;

@@ -58,6 +58,10 @@ pub struct QuerierDocument {
 impl Broker {
     /// A querier's first work request makes it a member, and redraws the shards.
     pub(super) async fn join_querier(&self, querier: &str) -> Result<(), BrokerError> {
+        self.retrying("join_querier", move || self.join_querier_once(querier)).await
+    }
+
+    async fn join_querier_once(&self, querier: &str) -> Result<(), BrokerError> {
         let mut client = self.client().await?;
         let tx = membership_change(&mut client).await?;
         let joined = sql::query_opt(&tx, JOIN_QUERIER, &[&querier]).await?.is_some();
@@ -84,6 +88,10 @@ impl Broker {
     /// A querier announced its shutdown: its further work requests get 410, and it leaves its
     /// shards once it holds no lease.
     pub async fn shut_down_querier(&self, querier: &QuerierName) -> Result<(), BrokerError> {
+        self.retrying("shut_down_querier", move || self.shut_down_querier_once(querier)).await
+    }
+
+    async fn shut_down_querier_once(&self, querier: &QuerierName) -> Result<(), BrokerError> {
         let mut client = self.client().await?;
         let tx = membership_change(&mut client).await?;
         sql::execute(&tx, SHUT_DOWN_QUERIER, &[&querier.as_str()]).await?;
@@ -94,6 +102,10 @@ impl Broker {
     /// Retires queriers that shut down and hold no lease, forgets silent ones, and redraws
     /// shards when anything changed. Run by the reaper and after a release.
     pub async fn retire_queriers(&self) -> Result<(), BrokerError> {
+        self.retrying("retire_queriers", move || self.retire_queriers_once()).await
+    }
+
+    async fn retire_queriers_once(&self) -> Result<(), BrokerError> {
         let mut client = self.client().await?;
         let tx = membership_change(&mut client).await?;
         let changed = retire(&tx, self.forget_after_millis()).await?;
@@ -106,6 +118,14 @@ impl Broker {
 
     /// Sets a tenant's limits (creating it) and redraws the shards.
     pub async fn set_tenant(
+        &self,
+        tenant: &TenantName,
+        limits: TenantLimits,
+    ) -> Result<TenantDocument, BrokerError> {
+        self.retrying("set_tenant", move || self.set_tenant_once(tenant, limits)).await
+    }
+
+    async fn set_tenant_once(
         &self,
         tenant: &TenantName,
         limits: TenantLimits,
@@ -147,6 +167,10 @@ impl Broker {
     /// Keeps the tenant level of the fair order tidy: retires tenant queues with nothing
     /// claimable (so claims do not step over them), and recounts the running hints.
     pub async fn tidy_tenant_queues(&self) -> Result<(), BrokerError> {
+        self.retrying("tidy_tenant_queues", move || self.tidy_tenant_queues_once()).await
+    }
+
+    async fn tidy_tenant_queues_once(&self) -> Result<(), BrokerError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let idle = sql::query(&tx, LOCK_IDLE_TENANT_QUEUES, &[]).await?;

@@ -5,6 +5,8 @@ mod admin;
 pub(crate) mod batch;
 mod claim;
 mod error;
+#[cfg(feature = "fault-injection")]
+pub mod faults;
 mod jobs;
 pub mod listing;
 pub mod membership;
@@ -12,6 +14,7 @@ pub mod model;
 mod observe;
 mod outcome;
 pub mod pruning;
+mod retry;
 mod rows;
 mod signals;
 pub mod strategy;
@@ -64,6 +67,9 @@ pub struct Broker {
     metrics: Arc<Metrics>,
     /// Set once the broker is stopping: it starts no claim, and waiting claims answer at once.
     draining: Arc<watch::Sender<bool>>,
+    /// Test-only: deadlocks a test arms (cargo feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    faults: Arc<faults::Faults>,
 }
 
 impl Broker {
@@ -77,7 +83,24 @@ impl Broker {
         let (claims, endings) = (Batches::new(lanes, most), Batches::new(lanes, most));
         let claims_committed = Arc::new(Notify::new());
         let draining = Arc::new(watch::Sender::new(false));
-        Self { pool, settings, signals, claims, endings, claims_committed, metrics, draining }
+        Self {
+            #[cfg(feature = "fault-injection")]
+            faults: Arc::new(faults::Faults::new(pool.clone())),
+            pool,
+            settings,
+            signals,
+            claims,
+            endings,
+            claims_committed,
+            metrics,
+            draining,
+        }
+    }
+
+    /// Test-only: the faults a test may arm in this broker's transactions.
+    #[cfg(feature = "fault-injection")]
+    pub fn faults(&self) -> &faults::Faults {
+        &self.faults
     }
 
     async fn client(&self) -> Result<Object, BrokerError> {

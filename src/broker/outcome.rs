@@ -191,7 +191,23 @@ impl Broker {
     /// BEGIN and the endings go to the server together, in one round trip, and the
     /// commit in a second; only a workflow that grows adds more. On two busy cores a round
     /// trip costs about a third of a millisecond, as much as ending two attempts.
+    ///
+    /// A run that deadlocks runs again whole, for every ending of the batch (see `retry`):
+    /// nothing is answered, signalled or counted before a run commits.
     async fn end_batch(
+        &self,
+        endings: &[AttemptEnding],
+        condition: LeaseCondition,
+        owners: Owners,
+    ) -> Result<Vec<Result<Answer, BrokerError>>, BrokerError> {
+        let operation = match condition {
+            LeaseCondition::Any => "end_attempts",
+            LeaseCondition::Expired => "expire_leases",
+        };
+        self.retrying(operation, || self.end_batch_once(endings, condition, owners)).await
+    }
+
+    async fn end_batch_once(
         &self,
         endings: &[AttemptEnding],
         condition: LeaseCondition,
@@ -233,7 +249,16 @@ impl Broker {
             async { client.query(&finish_items, params).await.map_err(BrokerError::from) },
         );
         let grown = match opened {
-            Ok(((), finished)) => self.grow_workflows(&client, endings, &recorded, &finished).await,
+            Ok(((), finished)) => {
+                async {
+                    // A test's forced deadlock, as if finish_items had met one: the batch rolls
+                    // back below, like any failed run.
+                    #[cfg(feature = "fault-injection")]
+                    self.faults.strike(super::faults::Point::EndAttempts, &client).await?;
+                    self.grow_workflows(&client, endings, &recorded, &finished).await
+                }
+                .await
+            }
             Err(error) => Err(error),
         };
         let (answers, released) = match grown {

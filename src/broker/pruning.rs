@@ -67,6 +67,10 @@ impl Broker {
     }
 
     async fn prune_batch(&self, retention_ms: i64) -> Result<Batch, BrokerError> {
+        self.retrying("prune", move || self.prune_batch_once(retention_ms)).await
+    }
+
+    async fn prune_batch_once(&self, retention_ms: i64) -> Result<Batch, BrokerError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         if !sql::query_one(&tx, LOCK_PRUNER, &[&PRUNER_LOCK]).await?.try_get::<_, bool>("locked")? {

@@ -2,7 +2,7 @@
 //! `{"error": {"code": "<snake_case>", "message": "<human text>"}}`.
 
 use actix_web::error::{JsonPayloadError, PathError, QueryPayloadError};
-use actix_web::http::StatusCode;
+use actix_web::http::{header, StatusCode};
 use actix_web::{HttpRequest, HttpResponse, ResponseError};
 use serde::Serialize;
 use thiserror::Error;
@@ -10,6 +10,9 @@ use utoipa::ToSchema;
 
 use crate::auth::Refusal;
 use crate::broker::BrokerError;
+
+/// Retry-After, in seconds, of a request whose transaction kept deadlocking.
+const CONTENDED_RETRY_AFTER_SECONDS: u32 = 1;
 
 /// Every error answer's body.
 #[derive(Debug, Serialize, ToSchema)]
@@ -76,6 +79,7 @@ impl ApiError {
             Self::Broker(BrokerError::TooManyOutstanding(_)) => "too_many_outstanding",
             Self::Broker(BrokerError::QuerierShuttingDown(_)) => "querier_shutting_down",
             Self::Broker(BrokerError::Unavailable(_)) => "database_unavailable",
+            Self::Broker(BrokerError::Contended { .. }) => "database_contention",
             Self::Broker(
                 BrokerError::Database(_) | BrokerError::BatchLost | BrokerError::Metrics(_),
             ) => "internal_error",
@@ -101,7 +105,9 @@ impl ResponseError for ApiError {
             Self::Broker(BrokerError::Conflict { .. }) => StatusCode::CONFLICT,
             Self::Broker(BrokerError::TooManyOutstanding(_)) => StatusCode::TOO_MANY_REQUESTS,
             Self::Broker(BrokerError::QuerierShuttingDown(_)) => StatusCode::GONE,
-            Self::Broker(BrokerError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Broker(BrokerError::Unavailable(_) | BrokerError::Contended { .. }) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::Broker(
                 BrokerError::Database(_) | BrokerError::BatchLost | BrokerError::Metrics(_),
             ) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -133,6 +139,10 @@ impl ResponseError for ApiError {
                 _ => r#"Bearer realm="fairway", error="invalid_token""#,
             };
             response.insert_header((actix_web::http::header::WWW_AUTHENTICATE, challenge));
+        }
+        // Contention passes: the same request, sent again shortly, most likely goes through.
+        if let Self::Broker(BrokerError::Contended { .. }) = self {
+            response.insert_header((header::RETRY_AFTER, CONTENDED_RETRY_AFTER_SECONDS));
         }
         response.json(ErrorBody { error: ErrorDetail { code: self.code(), message } })
     }

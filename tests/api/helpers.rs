@@ -333,6 +333,17 @@ impl TestApp {
         }
     }
 
+    /// Waits until the reaper has retired every tenant queue with nothing ready (it does so
+    /// every --reap-interval), so that it does not happen between two fingerprints.
+    pub async fn await_idle_tenant_queues_retired(&self) {
+        let retired = "SELECT coalesce(NOT bool_or(active), true) FROM tenant_queues";
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !self.db.query_one(retired, &[]).await.expect("queue").get::<_, bool>(0) {
+            assert!(std::time::Instant::now() < deadline, "an idle tenant queue was never retired");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// A digest of every row of every table, to show that a request changed nothing.
     pub async fn fingerprint(&self) -> String {
         self.digest("t").await

@@ -6,6 +6,8 @@ mod cli;
 mod concurrency;
 mod contract;
 mod dashboard;
+#[cfg(feature = "fault-injection")]
+mod deadlocks;
 mod deploy;
 mod fairness;
 mod helpers;
