@@ -71,12 +71,7 @@ async fn an_expired_lease_is_reclaimed_and_the_stale_worker_is_refused() {
     // With nothing ready, the reaper retires the tenant's queue: awaited, so that it does not
     // happen between the fingerprints (it once did, on a loaded machine). It goes on
     // recounting the lone tenant's running items meanwhile.
-    let retired = "SELECT NOT bool_or(active) FROM tenant_queues";
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !app.db.query_one(retired, &[]).await.expect("queue").get::<_, bool>(0) {
-        assert!(std::time::Instant::now() < deadline, "the idle tenant queue was never retired");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    app.await_idle_tenant_queues_retired().await;
     let before = app.fingerprint_apart_from_tenant_hints().await;
     for body in [
         json!({ "status": "successful", "attempt": 1, "results": [] }),
