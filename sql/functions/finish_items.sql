@@ -1,9 +1,14 @@
 -- finish_items: ends a batch of attempts in one statement. Ending i records status
 -- p_statuses[i] ('successful', 'failed', or 'ready' for a retry) for attempt p_attempts[i] of
 -- running item p_ids[i], with results p_results[i], error p_errors[i], and p_next_components[i]
--- the component its results go on to (NULL: its own). With p_expired_only an ending applies
--- only if the lease has expired (the reaper's case). Each counter row the batch touches moves
--- once, by the batch's summed deltas; a service whose user's work became claimable is woken.
+-- the component its results go on to (NULL: its own). The item keeps what the ending recorded
+-- (ended_as) and p_digests[i], the digest of the worker's report (NULL when no worker sent it),
+-- so that the broker recognises the same report sent again. An ending with p_uncounted[i]
+-- (a claim whose worker never got its answer, released) records status 'ready' and takes the
+-- claim's attempt back, leaving the previous ending's record and error as they were. With
+-- p_expired_only an ending applies only if the lease has expired (the reaper's case). Each
+-- counter row the batch touches moves once, by the batch's summed deltas; a service whose
+-- user's work became claimable is woken.
 --
 -- Answer: a row per ending that applied (`ending` says which; in no particular order), with
 -- what the workflow needs next: whether the ending fans out to the next step or may complete
@@ -29,6 +34,8 @@ CREATE OR REPLACE FUNCTION finish_items(
     p_results jsonb[],
     p_errors text[],
     p_next_components text[],
+    p_digests bytea[],
+    p_uncounted boolean[],
     p_expired_only boolean,
     p_wait_for_owners boolean,
     -- Ending i's reporting token (tokens.id): it applies only to an attempt that token
@@ -98,14 +105,20 @@ BEGIN
     FOR v_ended IN
         WITH requested AS (
             SELECT r.*
-              FROM unnest(p_ids, p_attempts, p_statuses, p_results, p_errors, p_next_components)
-                   WITH ORDINALITY AS r(id, attempt, status, results, error, next_component, i)
+              FROM unnest(p_ids, p_attempts, p_statuses, p_results, p_errors, p_next_components,
+                          p_digests, p_uncounted)
+                   WITH ORDINALITY
+                   AS r(id, attempt, status, results, error, next_component, digest, uncounted, i)
         ), ended AS (
             UPDATE work_items wi
                SET status = r.status::work_item_status,
                    results = r.results,
-                   error = r.error,
+                   error = CASE WHEN r.uncounted THEN wi.error ELSE r.error END,
                    next_component = r.next_component,
+                   attempt = wi.attempt - CASE WHEN r.uncounted THEN 1 ELSE 0 END,
+                   ended_as = CASE WHEN r.uncounted THEN wi.ended_as
+                                   ELSE r.status::work_item_status END,
+                   ending_digest = CASE WHEN r.uncounted THEN wi.ending_digest ELSE r.digest END,
                    lease_expires_at = NULL,
                    updated_at = now()
               FROM requested r

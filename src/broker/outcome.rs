@@ -3,6 +3,7 @@ use std::time::Duration;
 
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use tokio_postgres::types::Json;
 use tokio_postgres::Row;
 
@@ -19,8 +20,15 @@ use crate::metrics::{BatchKind, Finish};
 /// How an attempt ended, as recorded on the item.
 #[derive(Clone)]
 enum Ending {
+    /// A worker's report.
     Successful { results: Vec<Value>, component: Option<ComponentName> },
+    /// A worker's report.
     Failed { error: Option<String>, retryable: bool },
+    /// The lease ran out without a report (the reaper): a retryable failure.
+    Expired,
+    /// A claim whose answer reached no worker (its long poll was gone): the item goes back to
+    /// ready as if never claimed, the attempt not counted.
+    Released,
 }
 
 /// An attempt that ended: its service, and whether the querier that held it is shutting down
@@ -38,6 +46,10 @@ struct Recorded<'a> {
     results: Option<&'a Vec<Value>>,
     error: Option<&'a str>,
     next_component: Option<&'a str>,
+    /// The worker's report's digest (`AttemptEnding::digest`); none for the broker's own.
+    digest: Option<Vec<u8>>,
+    /// Takes the claim's attempt back (a release).
+    uncounted: bool,
 }
 
 /// How many times an ending goes back to the queue because another transaction held its
@@ -56,6 +68,9 @@ pub(super) enum Answer {
     Applied(ItemStatus),
     /// Another transaction held the owner's row: nothing changed; send it again.
     Deferred,
+    /// The same report had already been applied (its sender never got the answer): nothing
+    /// changed; the item's status as that ending left it.
+    Repeated(ItemStatus),
 }
 
 /// Whether a batch waits for owners' rows other transactions hold, or leaves those endings
@@ -81,6 +96,34 @@ pub(super) struct AttemptEnding {
     ending: Ending,
     /// The reporting token, which must be the one that claimed the attempt; None: any.
     token: Option<i64>,
+}
+
+impl AttemptEnding {
+    /// What makes two reports "the same update": SHA-256 over the reporting token (with auth, a
+    /// repeat must come with the token that sent the first), the attempt and the report as
+    /// the worker sent it (status, results and component; or error and retryable), in
+    /// serde_json's canonical form (object keys sorted, so key order and whitespace do not
+    /// matter). None for an ending no worker reported.
+    fn digest(&self) -> Option<Vec<u8>> {
+        let report = match &self.ending {
+            Ending::Successful { results, component } => serde_json::json!({
+                "token": self.token,
+                "attempt": self.attempt,
+                "status": "successful",
+                "results": results,
+                "component": component.as_ref().map(ComponentName::as_str),
+            }),
+            Ending::Failed { error, retryable } => serde_json::json!({
+                "token": self.token,
+                "attempt": self.attempt,
+                "status": "failed",
+                "error": error,
+                "retryable": retryable,
+            }),
+            Ending::Expired | Ending::Released => return None,
+        };
+        Some(Sha256::digest(report.to_string().as_bytes()).to_vec())
+    }
 }
 
 impl Broker {
@@ -121,7 +164,7 @@ impl Broker {
             let mut claims_committed = pin!(self.claims_committed.notified());
             claims_committed.as_mut().enable();
             match self.in_batch(&self.endings, ending.clone(), Self::end_in_batch).await? {
-                Answer::Applied(status) => return Ok(status),
+                Answer::Applied(status) | Answer::Repeated(status) => return Ok(status),
                 // Going again at once would find the row still held, as often as not: go once
                 // this broker's claim batch has let go of its rows, or after a pause when the
                 // holder is elsewhere.
@@ -132,7 +175,7 @@ impl Broker {
         }
         let mut answers = self.end_batch(&[ending], LeaseCondition::Any, Owners::Wait).await?;
         match answers.pop().unwrap_or(Err(BrokerError::BatchLost))? {
-            Answer::Applied(status) => Ok(status),
+            Answer::Applied(status) | Answer::Repeated(status) => Ok(status),
             Answer::Deferred => Err(BrokerError::BatchLost),
         }
     }
@@ -173,7 +216,7 @@ impl Broker {
             let ending = AttemptEnding {
                 id: WorkItemId(row.try_get("id")?),
                 attempt: row.try_get("attempt")?,
-                ending: Ending::Failed { error: Some("lease expired".to_owned()), retryable: true },
+                ending: Ending::Expired,
                 token: None,
             };
             let answers = self.end_batch(&[ending], LeaseCondition::Expired, Owners::Wait).await?;
@@ -226,6 +269,8 @@ impl Broker {
         let errors: Vec<Option<&str>> = recorded.iter().map(|r| r.error).collect();
         let next_components: Vec<Option<&str>> =
             recorded.iter().map(|r| r.next_component).collect();
+        let digests: Vec<Option<&[u8]>> = recorded.iter().map(|r| r.digest.as_deref()).collect();
+        let uncounted: Vec<bool> = recorded.iter().map(|r| r.uncounted).collect();
         let expired_only = condition == LeaseCondition::Expired;
         let wait = owners == Owners::Wait;
         let tokens: Vec<Option<i64>> = endings.iter().map(|ending| ending.token).collect();
@@ -236,6 +281,8 @@ impl Broker {
             &results,
             &errors,
             &next_components,
+            &digests,
+            &uncounted,
             &expired_only,
             &wait,
             &tokens,
@@ -331,7 +378,7 @@ impl Broker {
         for (outcome, ending) in outcomes.into_iter().zip(endings) {
             answers.push(match outcome {
                 Some(outcome) => outcome,
-                None => Err(why_not_applied(tx, ending.id, ending.attempt, ending.token).await?),
+                None => unapplied(tx, ending).await?,
             });
         }
         if !maybe_done.is_empty() {
@@ -353,6 +400,8 @@ impl Broker {
                 results: Some(results),
                 error: None,
                 next_component: component.as_ref().map(ComponentName::as_str),
+                digest: ending.digest(),
+                uncounted: false,
             },
             Ending::Failed { error, retryable } => Recorded {
                 status: if *retryable && retry_allowed {
@@ -363,6 +412,24 @@ impl Broker {
                 results: None,
                 error: error.as_deref(),
                 next_component: None,
+                digest: ending.digest(),
+                uncounted: false,
+            },
+            Ending::Expired => Recorded {
+                status: if retry_allowed { ItemStatus::Ready } else { ItemStatus::Failed },
+                results: None,
+                error: Some("lease expired"),
+                next_component: None,
+                digest: None,
+                uncounted: false,
+            },
+            Ending::Released => Recorded {
+                status: ItemStatus::Ready,
+                results: None,
+                error: None,
+                next_component: None,
+                digest: None,
+                uncounted: true,
             },
         }
     }
@@ -431,9 +498,41 @@ async fn why_not_applied(
     attempt: i32,
     token: Option<i64>,
 ) -> Result<BrokerError, BrokerError> {
-    let Some(row) = sql::query_opt(client, DESCRIBE_ITEM, &[&id.0]).await? else {
-        return Ok(item_not_found(id));
+    match sql::query_opt(client, DESCRIBE_ITEM, &[&id.0]).await? {
+        Some(row) => refusal(&row, id, attempt, token),
+        None => Ok(item_not_found(id)),
+    }
+}
+
+/// An ending that did not apply: when its report is the one the item's latest ending recorded
+/// (the same item, attempt, status and results or error, sent again by a worker that never got
+/// the answer), that ending's answer; otherwise why not.
+async fn unapplied(
+    client: &impl GenericClient,
+    ending: &AttemptEnding,
+) -> Result<Result<Answer, BrokerError>, BrokerError> {
+    let Some(row) = sql::query_opt(client, DESCRIBE_ITEM, &[&ending.id.0]).await? else {
+        return Ok(Err(item_not_found(ending.id)));
     };
+    if let Some(digest) = ending.digest() {
+        let recorded: Option<Vec<u8>> = row.try_get("ending_digest")?;
+        let ended_as: Option<String> = row.try_get("ended_as")?;
+        if let (Some(recorded), Some(ended_as)) = (recorded, ended_as) {
+            if recorded == digest {
+                return Ok(Ok(Answer::Repeated(ItemStatus::from_db(&ended_as)?)));
+            }
+        }
+    }
+    Ok(Err(refusal(&row, ending.id, ending.attempt, ending.token)?))
+}
+
+/// Why an update naming `attempt` of item `id` (`row`, as DESCRIBE_ITEM read it) is refused.
+fn refusal(
+    row: &Row,
+    id: WorkItemId,
+    attempt: i32,
+    token: Option<i64>,
+) -> Result<BrokerError, BrokerError> {
     let status: String = row.try_get("status")?;
     let current: i32 = row.try_get("attempt")?;
     let claimed_by: Option<i64> = row.try_get("claimed_by")?;

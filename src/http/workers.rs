@@ -196,10 +196,11 @@ impl StatusBody {
 #[utoipa::path(post, path = "/work/{id}/status", tag = "workers", request_body = StatusBody,
     params(("id" = i64, Path, description = "The work item")),
     responses(
-        (status = 200, description = "Applied.", body = StatusAnswer),
+        (status = 200, description = "Applied; or the same report (attempt, status, results or error) was applied before and this is it sent again: the same answer, nothing changed.", body = StatusAnswer),
         (status = 404, description = "No such item.", body = ErrorBody),
         (status = 403, description = "A worker token's report on an attempt another token claimed; nothing changed.", body = ErrorBody),
-        (status = 409, description = "The attempt is no longer current, or the item has finished.", body = ErrorBody),
+        (status = 409, description = "The attempt is no longer current, or the item has finished (and this is not the report that ended it).", body = ErrorBody),
+        (status = 503, description = "The database kept aborting the update's transaction (deadlocks); nothing changed. Send it again after Retry-After.", body = ErrorBody),
 ))]
 async fn post_status(
     broker: web::Data<Broker>,

@@ -403,6 +403,17 @@ async fn a_worker_cannot_report_on_another_tokens_item_at_any_broker() {
         .await
         .expect("report");
     assert_eq!(response.status(), StatusCode::OK);
+    let answer: Value = response.json().await.expect("JSON");
+    // Sent again (its answer lost), with its own token: the same answer, at either broker.
+    // The same update with another token is not a repeat: it is refused.
+    for app in [&first, &second] {
+        let send = |token: &str| app.http.post(app.url(&status)).bearer_auth(token).json(&done);
+        let response = send(&theirs).send().await.expect("report");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.json::<Value>().await.expect("JSON"), answer);
+        let response = send(&mine).send().await.expect("report");
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+    }
     first.assert_consistent().await;
 }
 

@@ -251,9 +251,13 @@ async fn end_successfully(app: &TestApp, ids: &[i64], attempts: &[i32]) -> Vec<(
     let statuses = vec!["successful"; ids.len()];
     let results = vec![Some(json!([])); ids.len()];
     let nothing: Vec<Option<&str>> = vec![None; ids.len()];
+    let digests: Vec<Option<&[u8]>> = vec![None; ids.len()];
+    let uncounted = vec![false; ids.len()];
     let tokens: Vec<Option<i64>> = vec![None; ids.len()];
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] =
-        [&ids, &attempts, &statuses, &results, &nothing, &nothing, &false, &false, &tokens];
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
+        &ids, &attempts, &statuses, &results, &nothing, &nothing, &digests, &uncounted, &false,
+        &false, &tokens,
+    ];
     let rows = app.db.query(sql::FINISH_ITEMS, &params).await.expect("finish_items");
     let mut answers: Vec<(i32, bool)> =
         rows.iter().map(|row| (row.get("ending"), row.get("deferred"))).collect();

@@ -18,6 +18,7 @@ mod metrics;
 mod operators;
 mod plans;
 mod pruning;
+mod repeats;
 mod results;
 mod schema;
 mod shutdown;

@@ -173,7 +173,8 @@ async fn connect_with_notices(
 fn finish(item: i64, attempt: i32) -> String {
     format!(
         "SELECT * FROM finish_items(ARRAY[{item}::bigint], ARRAY[{attempt}], ARRAY['successful'], \
-         ARRAY['[]'::jsonb], ARRAY[NULL::text], ARRAY[NULL::text], false, true)"
+         ARRAY['[]'::jsonb], ARRAY[NULL::text], ARRAY[NULL::text], ARRAY['\\x00'::bytea], \
+         ARRAY[false], false, true)"
     )
 }
 
@@ -189,6 +190,9 @@ fn finish_running(wait_for_owners: bool) -> String {
              ARRAY(SELECT '[]'::jsonb FROM work_items WHERE status = 'running' ORDER BY id),
              ARRAY(SELECT NULL::text FROM work_items WHERE status = 'running' ORDER BY id),
              ARRAY(SELECT NULL::text FROM work_items WHERE status = 'running' ORDER BY id),
+             ARRAY(SELECT sha256(id::text::bytea)
+                     FROM work_items WHERE status = 'running' ORDER BY id),
+             ARRAY(SELECT false FROM work_items WHERE status = 'running' ORDER BY id),
              false, {wait_for_owners})"
     )
 }
