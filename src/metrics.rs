@@ -127,6 +127,7 @@ pub struct Metrics {
     pruned: IntCounterVec,
     transaction_retries: IntCounterVec,
     transaction_retries_exhausted: IntCounterVec,
+    claims_released: IntCounterVec,
     claim_duration: Histogram,
     queue_wait: HistogramVec,
     batch_size: HistogramVec,
@@ -227,6 +228,12 @@ impl Metrics {
                 "fairway_transaction_retries_exhausted_total",
                 "Transactions given up after every run was aborted so; each answered 503.",
                 &["operation", "sqlstate"],
+            )?,
+            claims_released: counter(
+                "fairway_claims_released_total",
+                "Items claimed for a long poll whose client had gone before the answer, put \
+                 back at once without counting an attempt.",
+                &["service"],
             )?,
             claim_duration,
             queue_wait: histogram(
@@ -330,6 +337,11 @@ impl Metrics {
     /// A transaction of `operation` kept failing with `sqlstate` and was given up.
     pub fn transaction_retries_exhausted(&self, operation: &str, sqlstate: &str) {
         self.transaction_retries_exhausted.with_label_values(&[operation, sqlstate]).inc();
+    }
+
+    /// An item claimed for a client that had gone went back to ready.
+    pub fn claim_released(&self, service: &str) {
+        self.claims_released.with_label_values(&[service]).inc();
     }
 
     pub fn claim_batch(&self, requests: usize, took: Duration) {

@@ -98,6 +98,11 @@ impl Application {
         })
         // The broker handles the signals itself, to drain before the listener closes.
         .disable_signals()
+        // A client that closes its connection (a worker gone in the middle of a long poll)
+        // ends its request at once: its handler is dropped, so that it claims nothing for no
+        // one (see Broker::release_unanswered). No HTTP client this broker serves half-closes
+        // a connection to wait for an answer.
+        .h1_allow_half_closed(false)
         .shutdown_timeout(args.shutdown_timeout.as_secs())
         .listen(listener)
         .map_err(|source| StartupError::Bind { address: args.bind.to_string(), source })?

@@ -92,7 +92,8 @@ impl Runner {
             Self::FifoBatched { pool, claims, .. } => {
                 let pool = pool.clone();
                 let run = move |wants| fifo_claim_batch(pool.clone(), wants);
-                match claims.submit(max, run).await {
+                // The baseline keeps no lease to give back: an answer no one reads is dropped.
+                match claims.submit(max, run, |_| async {}).await {
                     Some(answer) => answer.map_err(BenchError::Unexpected),
                     None => Err(BenchError::Unexpected("a claim batch was lost".to_owned())),
                 }
@@ -138,7 +139,7 @@ impl Runner {
             Self::FifoBatched { pool, completions, .. } => {
                 let pool = pool.clone();
                 let run = move |ids| fifo_complete_batch(pool.clone(), ids);
-                match completions.submit(item.id, run).await {
+                match completions.submit(item.id, run, |_| async {}).await {
                     Some(answer) => answer.map_err(BenchError::Unexpected)?,
                     None => return Err(BenchError::Unexpected("a batch was lost".to_owned())),
                 }

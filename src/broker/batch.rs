@@ -61,15 +61,19 @@ impl<R: Send + 'static, T: Send + 'static> Batches<R, T> {
     /// lane is free runs the batch. None if the batch was lost (`run` panicked).
     ///
     /// The batch runs in a task of its own: a caller that goes away does not abort the
-    /// transaction of the others in its batch. Its request is dropped if no batch took it yet.
-    pub async fn submit<F, Fut>(&self, request: R, run: F) -> Option<T>
+    /// transaction of the others in its batch. Its request is dropped if no batch took it yet;
+    /// if a batch took it, its answer, which no one will read, goes to `unanswered` (together
+    /// with the batch's other such answers) once the batch is done.
+    pub async fn submit<F, Fut, U, UFut>(&self, request: R, run: F, unanswered: U) -> Option<T>
     where
         F: Fn(Vec<R>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Vec<T>> + Send,
+        U: Fn(Vec<T>) -> UFut + Send + Sync + 'static,
+        UFut: Future<Output = ()> + Send,
     {
         let (answer, receiver) = oneshot::channel();
         self.inner.lock().push_back(Queued { request, answer });
-        self.inner.start_lane(run);
+        self.inner.start_lane(Arc::new((run, unanswered)));
         receiver.await.ok()
     }
 }
@@ -80,10 +84,12 @@ impl<R: Send + 'static, T: Send + 'static> Inner<R, T> {
     }
 
     /// Starts a lane unless every lane is busy: a busy lane takes the queue when it is done.
-    fn start_lane<F, Fut>(self: &Arc<Self>, run: F)
+    fn start_lane<F, Fut, U, UFut>(self: &Arc<Self>, handlers: Arc<(F, U)>)
     where
         F: Fn(Vec<R>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Vec<T>> + Send,
+        U: Fn(Vec<T>) -> UFut + Send + Sync + 'static,
+        UFut: Future<Output = ()> + Send,
     {
         let Ok(permit) = self.lanes.clone().try_acquire_owned() else {
             return;
@@ -97,16 +103,23 @@ impl<R: Send + 'static, T: Send + 'static> Inner<R, T> {
                 }
                 let (requests, answers): (Vec<R>, Vec<oneshot::Sender<T>>) =
                     batch.into_iter().map(|queued| (queued.request, queued.answer)).unzip();
+                let (run, unanswered) = &*handlers;
+                let mut unread = Vec::new();
                 for (answer, result) in answers.into_iter().zip(run(requests).await) {
-                    // The caller may have gone away meanwhile; its answer goes nowhere.
-                    let _ = answer.send(result);
+                    // The caller may have gone away meanwhile: its answer is handed back.
+                    if let Err(result) = answer.send(result) {
+                        unread.push(result);
+                    }
+                }
+                if !unread.is_empty() {
+                    unanswered(unread).await;
                 }
             }
             drop(permit);
             // A request queued after the queue was found empty, but before the permit went
             // back, found every lane busy: it must not wait for the next caller.
             if !inner.lock().is_empty() {
-                inner.start_lane(run);
+                inner.start_lane(handlers);
             }
         });
     }
@@ -172,14 +185,18 @@ mod tests {
         let runs = Arc::new(AtomicUsize::new(0));
         let calls = (0..64).map(|request| {
             let runs = runs.clone();
-            batches.submit(request, move |batch: Vec<u32>| {
-                let runs = runs.clone();
-                async move {
-                    assert_eq!(batch.len(), 8);
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    batch.into_iter().map(|request| request * 10).collect::<Vec<_>>()
-                }
-            })
+            batches.submit(
+                request,
+                move |batch: Vec<u32>| {
+                    let runs = runs.clone();
+                    async move {
+                        assert_eq!(batch.len(), 8);
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        batch.into_iter().map(|request| request * 10).collect::<Vec<_>>()
+                    }
+                },
+                nobody,
+            )
         });
         let answers = join_all(calls).await;
         let expected: Vec<_> = (0..64).map(|request| Some(request * 10)).collect();
@@ -201,12 +218,54 @@ mod tests {
             }
         };
         // Polled once, so queued, then dropped before the lane's task could run.
-        let mut abandoned = Box::pin(batches.submit(1, run(ran.clone())));
+        let mut abandoned = Box::pin(batches.submit(1, run(ran.clone()), nobody));
         assert!(futures_util::poll!(abandoned.as_mut()).is_pending());
         drop(abandoned);
-        assert_eq!(batches.submit(2, run(ran.clone())).await, Some(2));
+        assert_eq!(batches.submit(2, run(ran.clone()), nobody).await, Some(2));
         assert_eq!(*ran.lock().unwrap_or_else(PoisonError::into_inner), vec![2]);
     }
+
+    /// A caller that leaves while its batch runs: its answer, which no one reads, is handed to
+    /// `unanswered`, and the others of the batch get theirs.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_answer_of_a_caller_that_left_mid_batch_is_handed_back() {
+        let batches: Batches<u32, u32> = Batches::new(1, 8);
+        let (go, gate) = tokio::sync::watch::channel(false);
+        let handed_back = Arc::new(Mutex::new(Vec::new()));
+        let call = |request: u32| {
+            let gate = gate.clone();
+            let handed_back = handed_back.clone();
+            batches.submit(
+                request,
+                move |batch: Vec<u32>| {
+                    let mut gate = gate.clone();
+                    async move {
+                        let _ = gate.wait_for(|open| *open).await;
+                        batch
+                    }
+                },
+                move |unread: Vec<u32>| {
+                    let handed_back = handed_back.clone();
+                    async move {
+                        handed_back.lock().unwrap_or_else(PoisonError::into_inner).extend(unread);
+                    }
+                },
+            )
+        };
+        let mut leaving = Box::pin(call(1));
+        let mut staying = Box::pin(call(2));
+        assert!(futures_util::poll!(leaving.as_mut()).is_pending());
+        assert!(futures_util::poll!(staying.as_mut()).is_pending());
+        // Let the lane take both into its batch, then the first caller goes.
+        tokio::task::yield_now().await;
+        drop(leaving);
+        go.send_replace(true);
+        assert_eq!(staying.await, Some(2));
+        tokio::task::yield_now().await;
+        assert_eq!(*handed_back.lock().unwrap_or_else(PoisonError::into_inner), vec![1]);
+    }
+
+    async fn nobody(_: Vec<u32>) {}
 
     /// A batch that fails as a whole is retried one request at a time: the request that broke
     /// it gets its error, the others their answers.

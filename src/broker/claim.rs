@@ -66,7 +66,22 @@ impl Broker {
 
     /// One look, made together with the looks of other workers that arrive meanwhile.
     async fn look_for_work(&self, request: &ClaimRequest) -> Result<Look, BrokerError> {
-        self.in_batch(&self.claims, request.clone(), Self::look_in_batch).await
+        self.in_batch(&self.claims, request.clone(), Self::look_in_batch, Self::unread_looks).await
+    }
+
+    /// Looks whose callers left while their batch ran: the items they claimed go back.
+    async fn unread_looks(self, looks: Vec<Result<Look, BrokerError>>) {
+        let items: Vec<WorkItem> = looks
+            .into_iter()
+            .filter_map(|look| match look {
+                Ok(Look::Claimed(items)) => Some(items),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        if !items.is_empty() {
+            self.release_unanswered(items).await;
+        }
     }
 
     /// Looks for work for every request of a batch in one transaction.
@@ -109,6 +124,8 @@ impl Broker {
         let mut passed_over = vec![false; requests.len()];
         let claimed = sql::query(&client, CLAIM_ITEMS, params).await?;
         self.claims_committed.notify_waiters();
+        #[cfg(feature = "fault-injection")]
+        self.faults.pause(super::faults::Point::ClaimCommitted).await;
         let lease = chrono::Duration::milliseconds(lease);
         for row in claimed {
             let request = batch_index(&row, "request", requests.len())?;

@@ -1,13 +1,15 @@
 //! Test-only fault injection, compiled only with the `fault-injection` cargo feature (`make
 //! test` turns it on; release builds do not carry it). A test arms a point for a number of runs;
 //! each armed run of the transaction that passes that point meets a real deadlock, which
-//! PostgreSQL's deadlock detector breaks by aborting the broker's transaction with 40P01.
+//! PostgreSQL's deadlock detector breaks by aborting the broker's transaction with 40P01. A
+//! test may also hold the next run that passes a point there until it lets it go.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use deadpool_postgres::{GenericClient, Pool};
+use tokio::sync::Notify;
 
 use super::BrokerError;
 
@@ -19,6 +21,27 @@ pub enum Point {
     EndAttempts,
     /// In a job's submission, after its rows were written.
     SubmitJob,
+    /// In a claim batch, once its claims committed, before they are answered.
+    ClaimCommitted,
+}
+
+/// A run held at a point: the test learns when it got there, and lets it go on.
+#[derive(Default)]
+pub struct Hold {
+    reached: Notify,
+    go: Notify,
+}
+
+impl Hold {
+    /// Completes once a run got to the point (at once if one already did).
+    pub async fn reached(&self) {
+        self.reached.notified().await;
+    }
+
+    /// Lets the held run go on.
+    pub fn release(&self) {
+        self.go.notify_one();
+    }
 }
 
 /// How long the rival session waits, holding its lock, before it asks for the broker's: long
@@ -29,11 +52,28 @@ const RIVAL_DELAY: Duration = Duration::from_millis(200);
 pub struct Faults {
     pool: Pool,
     armed: Mutex<HashMap<Point, u32>>,
+    holds: Mutex<HashMap<Point, Arc<Hold>>>,
 }
 
 impl Faults {
     pub(super) fn new(pool: Pool) -> Self {
-        Self { pool, armed: Mutex::new(HashMap::new()) }
+        Self { pool, armed: Mutex::new(HashMap::new()), holds: Mutex::new(HashMap::new()) }
+    }
+
+    /// The next run that passes `point` waits there until the test releases it.
+    pub fn hold(&self, point: Point) -> Arc<Hold> {
+        let hold = Arc::new(Hold::default());
+        self.holds.lock().unwrap_or_else(PoisonError::into_inner).insert(point, hold.clone());
+        hold
+    }
+
+    /// Waits at `point` if a test holds it.
+    pub(super) async fn pause(&self, point: Point) {
+        let hold = self.holds.lock().unwrap_or_else(PoisonError::into_inner).remove(&point);
+        if let Some(hold) = hold {
+            hold.reached.notify_one();
+            hold.go.notified().await;
+        }
     }
 
     /// The next `runs` transactions that pass `point` each deadlock there.

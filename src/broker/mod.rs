@@ -112,21 +112,26 @@ impl Broker {
     }
 
     /// Queues `request` in `batches` and waits for its answer; whichever lane is free serves
-    /// the batch with `run`, given this broker.
-    async fn in_batch<R, T, Fut>(
+    /// the batch with `run`, given this broker, and hands the answers whose callers left
+    /// meanwhile to `unanswered`.
+    async fn in_batch<R, T, Fut, UFut>(
         &self,
         batches: &Batches<R, Result<T, BrokerError>>,
         request: R,
         run: fn(Broker, Vec<R>) -> Fut,
+        unanswered: fn(Broker, Vec<Result<T, BrokerError>>) -> UFut,
     ) -> Result<T, BrokerError>
     where
         R: Send + 'static,
         T: Send + 'static,
         Fut: Future<Output = Vec<Result<T, BrokerError>>> + Send + 'static,
+        UFut: Future<Output = ()> + Send + 'static,
     {
         let broker = self.clone();
         let run = move |batch: Vec<R>| run(broker.clone(), batch);
-        batches.submit(request, run).await.unwrap_or(Err(BrokerError::BatchLost))
+        let broker = self.clone();
+        let unanswered = move |answers| unanswered(broker.clone(), answers);
+        batches.submit(request, run, unanswered).await.unwrap_or(Err(BrokerError::BatchLost))
     }
 
     /// How many workers of each service this broker holds in a long poll right now.

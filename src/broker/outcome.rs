@@ -9,7 +9,9 @@ use tokio_postgres::Row;
 
 use super::batch::{answer_each, batch_index};
 use super::jobs::{apply_step_deltas, create_step_queues, StepDeltas, TenantDeltas, TenantRow};
-use super::model::{reject_nul, ComponentName, ItemStatus, JobId, StatusUpdate, WorkItemId};
+use super::model::{
+    reject_nul, ComponentName, ItemStatus, JobId, StatusUpdate, WorkItem, WorkItemId,
+};
 use super::{Broker, BrokerError};
 use crate::db::sql::{
     self, DESCRIBE_ITEM, EXTEND_LEASE, FIND_EXPIRED_LEASES, FINISH_ITEMS, INSERT_AGGREGATE_ITEM,
@@ -38,6 +40,8 @@ struct Ended {
     tenant: String,
     status: ItemStatus,
     querier_leaving: bool,
+    /// A released claim: not an attempt that ended, so not counted as one.
+    released: bool,
 }
 
 /// What an ending records on its item.
@@ -163,7 +167,13 @@ impl Broker {
             // counts.
             let mut claims_committed = pin!(self.claims_committed.notified());
             claims_committed.as_mut().enable();
-            match self.in_batch(&self.endings, ending.clone(), Self::end_in_batch).await? {
+            let answer = self.in_batch(
+                &self.endings,
+                ending.clone(),
+                Self::end_in_batch,
+                Self::unread_endings,
+            );
+            match answer.await? {
                 Answer::Applied(status) | Answer::Repeated(status) => return Ok(status),
                 // Going again at once would find the row still held, as often as not: go once
                 // this broker's claim batch has let go of its rows, or after a pause when the
@@ -177,6 +187,44 @@ impl Broker {
         match answers.pop().unwrap_or(Err(BrokerError::BatchLost))? {
             Answer::Applied(status) | Answer::Repeated(status) => Ok(status),
             Answer::Deferred => Err(BrokerError::BatchLost),
+        }
+    }
+
+    /// Endings whose workers left before the answer: applied all the same (a worker that sends
+    /// its report again gets the same answer), so nothing is left to do.
+    async fn unread_endings(self, _: Vec<Result<Answer, BrokerError>>) {}
+
+    /// Claims whose long polls left before the answer (the client closed its connection while
+    /// the claim's batch ran): nobody will work on their items, so they go back to ready at
+    /// once, as if never claimed (the attempt not counted), rather than wait out their lease.
+    pub(super) async fn release_unanswered(&self, items: Vec<WorkItem>) {
+        let endings: Vec<AttemptEnding> = items
+            .iter()
+            .map(|item| AttemptEnding {
+                id: item.id,
+                attempt: item.attempt,
+                ending: Ending::Released,
+                token: None,
+            })
+            .collect();
+        match self.end_batch(&endings, LeaseCondition::Any, Owners::Wait).await {
+            Ok(answers) => {
+                // An item settled meanwhile (its job canceled) holds no lease any more.
+                for (item, answer) in items.iter().zip(answers) {
+                    if let Ok(Answer::Applied(_)) = answer {
+                        tracing::info!(
+                            item = item.id.0,
+                            attempt = item.attempt,
+                            "released an unanswered claim"
+                        );
+                        self.metrics.claim_released(&item.service);
+                    }
+                }
+            }
+            Err(error) => {
+                let items = items.len();
+                tracing::warn!(%error, items, "releasing unanswered claims; their leases end them");
+            }
         }
     }
 
@@ -324,6 +372,9 @@ impl Broker {
         // what follows must not turn them into errors.
         for ended in &released {
             self.signals.for_service(&ended.service).release_one();
+            if ended.released {
+                continue;
+            }
             let finish = match ended.status {
                 ItemStatus::Ready => Finish::Retried,
                 ItemStatus::Failed => Finish::Failed,
@@ -371,7 +422,14 @@ impl Broker {
             let service: String = row.try_get("service")?;
             let tenant: String = row.try_get("tenant")?;
             let querier_leaving: bool = row.try_get("querier_leaving")?;
-            released.push(Ended { service, tenant, status, querier_leaving });
+            let was_released = recorded[index].uncounted;
+            released.push(Ended {
+                service,
+                tenant,
+                status,
+                querier_leaving,
+                released: was_released,
+            });
             outcomes[index] = Some(Ok(Answer::Applied(status)));
         }
         let mut answers = Vec::with_capacity(endings.len());

@@ -9,6 +9,7 @@ mod dashboard;
 #[cfg(feature = "fault-injection")]
 mod deadlocks;
 mod deploy;
+mod disconnects;
 mod fairness;
 mod helpers;
 mod leases;
