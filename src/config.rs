@@ -268,6 +268,13 @@ pub struct ServeArgs {
     #[arg(long, env = "FAIRWAY_LEASE", default_value = "5m", value_parser = humantime::parse_duration)]
     pub lease: Duration,
 
+    /// How long a claim first leases its item, when shorter than --lease: the worker's first
+    /// heartbeat or report extends it to --lease. An item whose worker never got the answer (or
+    /// died at once) is then back within this plus --reap-interval; workers must heartbeat
+    /// within it. 0s: off, a claim leases for --lease.
+    #[arg(long, env = "FAIRWAY_FIRST_LEASE", default_value = "0s", value_parser = humantime::parse_duration)]
+    pub first_lease: Duration,
+
     /// Retries after a retryable failure before an item fails for good.
     #[arg(long, env = "FAIRWAY_MAX_RETRIES", default_value_t = 3)]
     pub max_retries: u32,

@@ -223,6 +223,7 @@ async fn termination() -> std::io::Result<&'static str> {
 pub fn broker(pool: Pool, args: &ServeArgs, signals: WorkSignals) -> Result<Broker, StartupError> {
     let settings = BrokerSettings {
         lease: args.lease,
+        first_lease: args.first_lease,
         max_retries: args.max_retries,
         querier_forget_delay: args.querier_forget_delay,
         batch_lanes: args.batches.batch_lanes.into(),

@@ -229,6 +229,7 @@ fn serve_args(args: &BenchArgs) -> ServeArgs {
             pool_size: pool_size(args),
         },
         lease: Duration::from_secs(300),
+        first_lease: Duration::ZERO,
         max_retries: 3,
         reap_interval: Duration::from_secs(1),
         querier_forget_delay: Duration::from_secs(60),

@@ -116,7 +116,7 @@ impl Broker {
         let strategies: Vec<Option<&Value>> =
             requests.iter().map(|r| r.strategy.as_deref()).collect();
         let tokens: Vec<Option<i64>> = requests.iter().map(|r| r.token).collect();
-        let (lease, touch_every) = (self.lease_millis(), self.touch_every_millis());
+        let (lease, touch_every) = (self.claim_lease_millis(), self.touch_every_millis());
         let params: sql::Params =
             &[&services, &queriers, &workers, &maxes, &lease, &touch_every, &strategies, &tokens];
         let mut items: Vec<Vec<WorkItem>> = requests.iter().map(|_| Vec::new()).collect();

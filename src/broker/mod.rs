@@ -40,6 +40,9 @@ pub use signals::WorkSignals;
 pub struct BrokerSettings {
     /// How long a claim is leased without a heartbeat.
     pub lease: Duration,
+    /// How long a claim first leases its item, when shorter than `lease` and not zero: the
+    /// worker's first heartbeat or report extends it to `lease`.
+    pub first_lease: Duration,
     /// Retries after a retryable failure before an item fails for good.
     pub max_retries: u32,
     /// How long a querier that neither asks for work nor holds a lease stays a member.
@@ -109,6 +112,16 @@ impl Broker {
 
     fn lease_millis(&self) -> i64 {
         sql::millis(self.settings.lease)
+    }
+
+    /// The lease a claim starts with: `--first-lease` when set and shorter, else `--lease`.
+    fn claim_lease_millis(&self) -> i64 {
+        let first = self.settings.first_lease;
+        if first.is_zero() || first >= self.settings.lease {
+            self.lease_millis()
+        } else {
+            sql::millis(first)
+        }
     }
 
     /// Queues `request` in `batches` and waits for its answer; whichever lane is free serves

@@ -99,7 +99,7 @@ async fn work(client: &Client, args: &WorkerArgs, item: WorkItem) {
     let (id, attempt) = (item.id.0, item.attempt);
     let report = tokio::select! {
         report = run_command(&args.command, &item) => report,
-        lost = heartbeat(client, id, attempt, args.heartbeat) => {
+        lost = heartbeat(client, id, attempt, first_heartbeat(&item, args.heartbeat), args.heartbeat) => {
             // The command is killed when its future is dropped here.
             tracing::warn!(item = id, attempt, reason = %lost, "gave up the item");
             return;
@@ -123,11 +123,24 @@ async fn work(client: &Client, args: &WorkerArgs, item: WorkItem) {
     }
 }
 
-/// Extends the lease every `every` until the broker says the attempt is no longer this
-/// worker's (a cancel, or a lease that expired); returns why.
-async fn heartbeat(client: &Client, id: i64, attempt: i32, every: Duration) -> ClientError {
-    let mut ticker = tokio::time::interval(every);
-    ticker.tick().await;
+/// When the first heartbeat goes: after `every`, or once half of the lease the claim gave has
+/// passed if that is sooner (a broker with --first-lease hands out short first leases, which
+/// the first heartbeat extends).
+fn first_heartbeat(item: &WorkItem, every: Duration) -> Duration {
+    let left = (item.lease_expires_at - chrono::Utc::now()).to_std().unwrap_or_default();
+    every.min(left / 2)
+}
+
+/// Extends the lease after `first`, then every `every`, until the broker says the attempt is no
+/// longer this worker's (a cancel, or a lease that expired); returns why.
+async fn heartbeat(
+    client: &Client,
+    id: i64,
+    attempt: i32,
+    first: Duration,
+    every: Duration,
+) -> ClientError {
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + first, every);
     loop {
         ticker.tick().await;
         match client.report(id, &Report::Running { attempt }).await {

@@ -230,6 +230,30 @@ async fn sigterm_stops_taking_work_and_finishes_what_the_worker_holds() {
     app.assert_consistent().await;
 }
 
+#[tokio::test]
+async fn the_worker_heartbeats_within_a_short_first_lease() {
+    let args = ServeArgs {
+        first_lease: Duration::from_secs(2),
+        reap_interval: Duration::from_millis(50),
+        ..default_args()
+    };
+    let app = spawn_app_with(args).await;
+    let job = app.submit_simple("alice", "slow", 1, true).await;
+    // The command outlives the first lease, and the default heartbeat (30 s) is far longer:
+    // the worker's first heartbeat goes when half the lease it was given has passed.
+    let mut child = worker(&app, "slow", &[], "sleep 4; echo '[]'");
+    await_job(&app, job, Duration::from_secs(20), |job| job["status"] == "successful").await;
+    assert!(terminate(&mut child).await.success());
+    let attempt: i32 = app
+        .db
+        .query_one("SELECT attempt FROM work_items WHERE job_id = $1", &[&job])
+        .await
+        .expect("the item")
+        .get(0);
+    assert_eq!(attempt, 1, "the first heartbeat extended the 2 s first lease");
+    app.assert_consistent().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_draws_three_users_converging_on_equal_shares() {
     let app = spawn_app().await;

@@ -101,3 +101,37 @@ async fn an_item_claimed_while_its_client_left_is_released_without_an_attempt() 
     assert_eq!(app.job(job).await["status"], "successful");
     app.assert_consistent().await;
 }
+
+/// What no broker can see: the answer went out, and its worker vanished (the connection died as
+/// the answer was written, or the worker crashed after reading it). With `--first-lease 5s`
+/// and the default `--reap-interval`, the item is back within the bound, as an expired lease;
+/// a worker that heartbeats keeps its item for the full lease.
+#[tokio::test]
+async fn with_a_first_lease_an_answer_no_worker_read_comes_back_within_the_bound() {
+    let mut args = args();
+    args.first_lease = Duration::from_secs(5);
+    args.reap_interval = Duration::from_secs(1);
+    let app = spawn_app_with(args).await;
+    let svc = "vanishing";
+    app.submit_simple("alice", svc, 2, true).await;
+    let claimed = Instant::now();
+    let items = app.claim_with(&format!("service={svc}&querier=pod-gone&max=2")).await;
+    assert_eq!(items.len(), 2);
+    // One worker heartbeats, and so holds its item for --lease; the other is never heard of.
+    let (kept, lost) = (&items[0], &items[1]);
+    let response = app.report(kept, serde_json::json!({ "status": "running", "attempt": 1 })).await;
+    assert_eq!(response.status(), 200);
+
+    let (item, _) = claim_within_bound(&app, svc).await;
+    let took = claimed.elapsed();
+    eprintln!("an unread answer's item came back after {took:?}");
+    assert!(took < BOUND, "took {took:?}");
+    assert_eq!(item["id"], lost["id"]);
+    assert_eq!(item["attempt"], 2, "an expired first lease counts an attempt");
+    let expired = "SELECT status::text FROM work_items WHERE id = $1";
+    let kept_status = app.db.query_one(expired, &[&kept["id"].as_i64()]).await.expect("row");
+    assert_eq!(kept_status.get::<_, String>(0), "running", "the heartbeat extended its lease");
+    app.succeed(kept, serde_json::json!([])).await;
+    app.succeed(&item, serde_json::json!([])).await;
+    app.assert_consistent().await;
+}

@@ -145,6 +145,7 @@ pub fn default_args() -> ServeArgs {
             pool_size: 40,
         },
         lease: Duration::from_secs(300),
+        first_lease: Duration::ZERO,
         max_retries: 3,
         reap_interval: Duration::from_secs(1),
         querier_forget_delay: Duration::from_secs(60),
