@@ -64,8 +64,10 @@ async fn the_broker_answers_as_its_openapi_document_says() {
         .args(["--header", &format!("Authorization: Bearer {ADMIN_TOKEN}")])
         .args(["--exclude-path", "/admin/tokens/{id}/revoke"])
         .args(["--max-examples", "100", "--seed", "1", "--workers", "2"])
+        // No examples kept from earlier runs: replayed against a changed document they make a
+        // seeded run depend on what ran before it.
+        .args(["--generation-database", "none"])
         .env("NO_COLOR", "1")
-        // Schemathesis keeps the examples it found in its working directory.
         .current_dir(std::env::temp_dir())
         .output()
         .await
