@@ -207,6 +207,17 @@ impl Client {
         decode(self.request(Method::GET, &path).send().await?).await
     }
 
+    /// The job once it has finished, or as it is after `wait` (at most 60 s) if it has not.
+    pub async fn wait_for_job(
+        &self,
+        job_id: JobId,
+        wait: Duration,
+    ) -> Result<JobDocument, ClientError> {
+        let path = format!("/jobs/{}", job_id.0);
+        let query = [("wait", wait.as_secs().to_string())];
+        decode(self.request(Method::GET, &path).query(&query).send().await?).await
+    }
+
     /// Pauses, resumes or cancels a job, and returns it as it is now.
     pub async fn steer(
         &self,

@@ -3,6 +3,7 @@
 pub mod auth;
 pub mod bench;
 pub mod broker;
+pub mod chaos;
 pub mod cli;
 pub mod client;
 pub mod config;

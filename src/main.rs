@@ -37,6 +37,10 @@ async fn main() -> ExitCode {
             fairway::cli::worker(args).await.map_err(|error| error.to_string())
         }
         Command::Demo(args) => fairway::cli::demo(args).await.map_err(|error| error.to_string()),
+        Command::Chaos(args) => fairway::chaos::run(args).await.map_err(|error| error.to_string()),
+        Command::ChaosDrive(args) => {
+            fairway::chaos::drive(args).await.map_err(|error| error.to_string())
+        }
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use thiserror::Error;
-use tokio_postgres::NoTls;
 
 use crate::broker::batch::Batches;
 use crate::broker::strategy::Strategy;
@@ -195,15 +194,7 @@ async fn run_point(
 async fn fresh_database(
     admin: &tokio_postgres::Config,
 ) -> Result<tokio_postgres::Config, BenchError> {
-    let (client, connection) = admin.connect(NoTls).await?;
-    let driver = tokio::spawn(connection);
-    client.batch_execute(&format!("DROP DATABASE IF EXISTS {BENCH_DATABASE} WITH (FORCE)")).await?;
-    client.batch_execute(&format!("CREATE DATABASE {BENCH_DATABASE}")).await?;
-    drop(client);
-    let _ = driver.await;
-    let mut config = admin.clone();
-    config.dbname(BENCH_DATABASE);
-    Ok(config)
+    Ok(db::recreate_database(admin, BENCH_DATABASE).await?)
 }
 
 /// Every path gets the same pool: --pool-size, 32 by default like the workers.

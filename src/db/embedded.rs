@@ -326,6 +326,36 @@ impl EmbeddedPostgres {
         Ok(())
     }
 
+    /// Crashes and restarts the server at once (`pg_ctl restart -m immediate -w`), as a power
+    /// cut would: every connection drops and the next start replays the WAL. The fault suite
+    /// uses it; the server keeps its socket, port and options.
+    pub async fn restart_immediately(&self) -> Result<(), EmbeddedError> {
+        let log = self.data_dir.join(LOG_FILE);
+        let args: [&std::ffi::OsStr; 8] = [
+            "restart".as_ref(),
+            "-m".as_ref(),
+            "immediate".as_ref(),
+            "-w".as_ref(),
+            "-D".as_ref(),
+            self.data_dir.as_os_str(),
+            // Without a log file the server would inherit pg_ctl's output pipes, and the
+            // restart would never seem to end.
+            "-l".as_ref(),
+            log.as_os_str(),
+        ];
+        let output = self.tools.output("pg_ctl", &args).await?;
+        if !output.status.success() {
+            return Err(EmbeddedError::Start {
+                data_dir: self.data_dir.clone(),
+                status: describe_status(output.status),
+                output: tail(&output_text(&output), TAIL_LINES),
+                log_tail: log_tail(&log),
+                log,
+            });
+        }
+        Ok(())
+    }
+
     /// Removes what a stopped server leaves that is ours to remove.
     fn remove_leftovers(&self) {
         if let Some(dir) = &self.external_socket_dir {

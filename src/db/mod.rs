@@ -70,6 +70,23 @@ impl From<EmbeddedError> for DbError {
     }
 }
 
+/// Drops the database `name` (a plain identifier), disconnecting its sessions, and creates it
+/// afresh; returns its connection config, `admin`'s with the database changed.
+pub async fn recreate_database(
+    admin: &tokio_postgres::Config,
+    name: &str,
+) -> Result<tokio_postgres::Config, tokio_postgres::Error> {
+    let (client, connection) = admin.connect(tokio_postgres::NoTls).await?;
+    let driver = tokio::spawn(connection);
+    client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await?;
+    client.batch_execute(&format!("CREATE DATABASE {name}")).await?;
+    drop(client);
+    let _ = driver.await;
+    let mut config = admin.clone();
+    config.dbname(name);
+    Ok(config)
+}
+
 /// The database the settings name: `--database-url` if given, else database `dbname` on the
 /// private server, started here (and returned, so that the caller stops it).
 pub async fn connect_or_start(

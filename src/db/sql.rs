@@ -84,6 +84,10 @@ statements! {
     UPSERT_TENANT = "upsert_tenant";
     VACUUM_FAIR_ORDER = "vacuum_fair_order";
 
+    CHAOS_ITEM_TOTALS = "chaos/item_totals";
+    CHAOS_JOB_OUTCOMES = "chaos/job_outcomes";
+    CHAOS_RELATION_SIZES = "chaos/relation_sizes";
+
     BENCH_BASELINE_INDEXES = "bench/baseline_indexes";
     BENCH_FIFO_CLAIM = "bench/fifo_claim";
     BENCH_FIFO_COMPLETE = "bench/fifo_complete";
