@@ -19,7 +19,7 @@ TEST_TOOLS = FAIRWAY_TEST_PYTHON=$(abspath $(PYTOOLS))/bin/python FAIRWAY_TEST_K
 # Test-only code the tests compile in: src/broker/faults.rs.
 TEST_FEATURES := --features fault-injection
 
-.PHONY: run test lint bench bench-quick bench-scale demo k8s-validate
+.PHONY: run test lint bench bench-quick bench-scale demo k8s-validate chaos soak
 
 ## Build and start the broker on 127.0.0.1:8080, on its private PostgreSQL unless DATABASE_URL is set.
 run:
@@ -75,6 +75,20 @@ else
 	./target/release/fairway postgres --data-dir target/bench-postgres --ephemeral -- \
 		./target/release/fairway bench --quick --json target/bench-quick/results.json
 endif
+
+## The fault suite: 3 brokers and 40 workers on a durable PostgreSQL in target/chaos-postgres,
+## while brokers are killed, PostgreSQL crashes and clients vanish (under 3 minutes; see
+## docs/reliability.md). Figures and logs in target/chaos/.
+chaos:
+	$(CARGO) build --release --bin fairway
+	./target/release/fairway chaos --out target/chaos
+
+## The same load without faults for DURATION, sampling the brokers' memory and the tables' sizes
+## every 10 s into target/soak/soak.csv.
+DURATION ?= 10m
+soak:
+	$(CARGO) build --release --bin fairway
+	./target/release/fairway chaos --soak --duration $(DURATION) --out target/soak
 
 ## What CI checks besides the tests.
 lint:

@@ -192,7 +192,8 @@ async fn work(shared: Arc<Shared>, slot: u32) {
 /// failure; returns the broker that answered.
 async fn report(shared: &Shared, mut broker: usize, item: &WorkItem, dice: &mut Dice) -> usize {
     let (id, attempt) = (item.id.0, item.attempt);
-    let report = Report::Successful { attempt, results: vec![json!(format!("r{id}"))], component: None };
+    let report =
+        Report::Successful { attempt, results: vec![json!(format!("r{id}"))], component: None };
     let mut lose_answer = dice.per_mille(shared.repeat_per_mille);
     let mut repeat = false;
     let patience = Instant::now() + REPORT_PATIENCE;

@@ -123,7 +123,8 @@ impl Dice {
 pub async fn run(args: ChaosArgs) -> Result<(), ChaosError> {
     std::fs::create_dir_all(&args.out)?;
     let server = EmbeddedPostgres::start(Some(&args.data_dir), args.pg_bin.as_deref()).await?;
-    let outcome = if args.soak { soak::run(&args, &server).await } else { suite(&args, &server).await };
+    let outcome =
+        if args.soak { soak::run(&args, &server).await } else { suite(&args, &server).await };
     server.stop().await?;
     outcome
 }
@@ -208,7 +209,9 @@ impl Brokers {
             match self.clients[index].ready().await {
                 Ok(()) => return Ok(started.elapsed()),
                 Err(error) if started.elapsed() > READY_LIMIT => {
-                    return Err(ChaosError::Setup(format!("broker {index} never became ready: {error}")))
+                    return Err(ChaosError::Setup(format!(
+                        "broker {index} never became ready: {error}"
+                    )))
                 }
                 Err(_) => tokio::time::sleep(POLL).await,
             }
@@ -358,7 +361,11 @@ async fn suite(args: &ChaosArgs, server: &EmbeddedPostgres) -> Result<(), ChaosE
     let load = Load::new(brokers.clients.clone());
     let mut drive = Drive::start(&brokers, args, 5)?;
     let producers = load.start(CHAOS_PACE);
-    println!("chaos: 3 brokers, {} workers, lease {}", args.workers, humantime::format_duration(args.lease));
+    println!(
+        "chaos: 3 brokers, {} workers, lease {}",
+        args.workers,
+        humantime::format_duration(args.lease)
+    );
     if progress_after(&pool, WARM_UP_ITEMS, READY_LIMIT).await.is_none() {
         return Err(ChaosError::Setup("no work flowed before the first fault".to_owned()));
     }
@@ -369,7 +376,11 @@ async fn suite(args: &ChaosArgs, server: &EmbeddedPostgres) -> Result<(), ChaosE
         let killed = Instant::now();
         brokers.kill_and_restart(index).await?;
         let ready = brokers.ready(index).await?;
-        faults.push(report_fault(format!("kill -9 broker {index}"), Some(ready), "restarted and ready"));
+        faults.push(report_fault(
+            format!("kill -9 broker {index}"),
+            Some(ready),
+            "restarted and ready",
+        ));
         let flowing = progress_after(&pool, done, READY_LIMIT).await;
         faults.push(report_fault(
             format!("kill -9 broker {index}"),
@@ -404,7 +415,11 @@ async fn suite(args: &ChaosArgs, server: &EmbeddedPostgres) -> Result<(), ChaosE
     ));
     tokio::time::sleep(BETWEEN_FAULTS).await;
 
-    let killed_worker = tokio::spawn(kill_worker_mid_command(brokers.urls()[0].clone(), brokers.clients[0].clone(), args.out.clone()));
+    let killed_worker = tokio::spawn(kill_worker_mid_command(
+        brokers.urls()[0].clone(),
+        brokers.clients[0].clone(),
+        args.out.clone(),
+    ));
     let vanished = vanishing_long_polls(&load).await;
     let hasty = hasty_clients(&load).await;
     let killed_worker = killed_worker
@@ -457,7 +472,10 @@ async fn suite(args: &ChaosArgs, server: &EmbeddedPostgres) -> Result<(), ChaosE
         }
     }
     if unfinished > 0 {
-        failures.push(format!("{unfinished} of {} jobs had not finished after the drain", tracked.len()));
+        failures.push(format!(
+            "{unfinished} of {} jobs had not finished after the drain",
+            tracked.len()
+        ));
     }
     let record = drive.finish().await?;
     let outcomes = job_outcomes(&pool).await?;
@@ -468,10 +486,20 @@ async fn suite(args: &ChaosArgs, server: &EmbeddedPostgres) -> Result<(), ChaosE
     }
     let consistency = brokers.clients[0].consistency().await?;
     if !consistency.consistent {
-        failures.push(format!("/admin/consistency found {} mismatch(es): {:?}", consistency.mismatches.len(), consistency.mismatches));
+        failures.push(format!(
+            "/admin/consistency found {} mismatch(es): {:?}",
+            consistency.mismatches.len(),
+            consistency.mismatches
+        ));
     }
-    if let Err(problem) = &vanished {
-        failures.push(problem.clone());
+    match &vanished {
+        Ok(ready_again) if *ready_again > VANISHED_BOUND => failures.push(format!(
+            "items claimed for vanished long polls were claimable again only after {:.1} s (bound {} s)",
+            ready_again.as_secs_f64(),
+            VANISHED_BOUND.as_secs()
+        )),
+        Ok(_) => {}
+        Err(problem) => failures.push(problem.clone()),
     }
     if orphaned.1 > VANISHED_BOUND {
         failures.push(format!(
@@ -506,7 +534,10 @@ async fn suite(args: &ChaosArgs, server: &EmbeddedPostgres) -> Result<(), ChaosE
             .iter()
             .filter(|refusal| refusal.status == 503 && refusal.at_ms > faults_end)
             .count(),
-        other_errors: refused.iter().filter(|refusal| refusal.status != 0 && refusal.status != 503).count(),
+        other_errors: refused
+            .iter()
+            .filter(|refusal| refusal.status != 0 && refusal.status != 503)
+            .count(),
         faults,
     };
     print_figures(&figures);
@@ -539,7 +570,8 @@ async fn job_outcomes(pool: &deadpool_postgres::Pool) -> Result<Vec<(String, i64
 fn check_record(record: &Record, refused: &[Refusal], faults_end: u64) -> Vec<String> {
     let mut failures = Vec::new();
     let mut held = HashSet::new();
-    let twice = record.claims.iter().filter(|claim| !held.insert((claim.item, claim.attempt))).count();
+    let twice =
+        record.claims.iter().filter(|claim| !held.insert((claim.item, claim.attempt))).count();
     if twice > 0 {
         failures.push(format!("{twice} claim(s) handed out an (item, attempt) already held"));
     }
@@ -551,10 +583,14 @@ fn check_record(record: &Record, refused: &[Refusal], faults_end: u64) -> Vec<St
     if doubled > 0 {
         failures.push(format!("{doubled} item(s) had successes of two attempts accepted"));
     }
-    let count = |keep: &dyn Fn(&Refusal) -> bool| refused.iter().filter(|refusal| keep(refusal)).count();
+    let count =
+        |keep: &dyn Fn(&Refusal) -> bool| refused.iter().filter(|refusal| keep(refusal)).count();
     let server_errors = count(&|refusal| refusal.status >= 500 && refusal.status != 503);
     if server_errors > 0 {
-        failures.push(format!("{server_errors} answer(s) were 5xx other than 503, e.g. {}", first(refused, |refusal| refusal.status >= 500 && refusal.status != 503)));
+        failures.push(format!(
+            "{server_errors} answer(s) were 5xx other than 503, e.g. {}",
+            first(refused, |refusal| refusal.status >= 500 && refusal.status != 503)
+        ));
     }
     let late = count(&|refusal| refusal.status == 503 && refusal.at_ms > faults_end);
     if late > 0 {
@@ -567,9 +603,15 @@ fn check_record(record: &Record, refused: &[Refusal], faults_end: u64) -> Vec<St
             first(refused, |refusal| refusal.repeat && refusal.status == 409)
         ));
     }
-    let other = count(&|refusal| (400..500).contains(&refusal.status) && !(refusal.repeat && refusal.status == 409));
+    let other = count(&|refusal| {
+        (400..500).contains(&refusal.status) && !(refusal.repeat && refusal.status == 409)
+    });
     if other > 0 {
-        failures.push(format!("{other} other 4xx answer(s), e.g. {}", first(refused, |refusal| (400..500).contains(&refusal.status) && !(refusal.repeat && refusal.status == 409))));
+        failures.push(format!(
+            "{other} other 4xx answer(s), e.g. {}",
+            first(refused, |refusal| (400..500).contains(&refusal.status)
+                && !(refusal.repeat && refusal.status == 409))
+        ));
     }
     failures
 }
@@ -588,15 +630,32 @@ fn print_figures(figures: &Figures) {
     println!("  jobs               {:>8}", figures.jobs);
     println!("  items              {:>8}", figures.items);
     println!("  claims             {:>8}", figures.claims);
-    println!("  re-attempts        {:>8}  (leases that expired or were released)", figures.reattempts);
-    println!("  dying workers      {:>8}  (items abandoned without a report)", figures.abandoned_by_dying_workers);
-    println!("  report repeats     {:>8}  ({} accepted)", figures.report_repeats, figures.repeats_accepted);
-    println!("  unanswered         {:>8}  (requests that got no answer)", figures.unanswered_requests);
-    println!("  503s               {:>8}  ({} after the faults ended)", figures.status_503, figures.status_503_after_faults);
+    println!(
+        "  re-attempts        {:>8}  (leases that expired or were released)",
+        figures.reattempts
+    );
+    println!(
+        "  dying workers      {:>8}  (items abandoned without a report)",
+        figures.abandoned_by_dying_workers
+    );
+    println!(
+        "  report repeats     {:>8}  ({} accepted)",
+        figures.report_repeats, figures.repeats_accepted
+    );
+    println!(
+        "  unanswered         {:>8}  (requests that got no answer)",
+        figures.unanswered_requests
+    );
+    println!(
+        "  503s               {:>8}  ({} after the faults ended)",
+        figures.status_503, figures.status_503_after_faults
+    );
     println!("  other errors       {:>8}", figures.other_errors);
     for fault in &figures.faults {
         match fault.recovered_s {
-            Some(seconds) => println!("  {:<34} {:>6.2} s  {}", fault.fault, seconds, fault.recovered),
+            Some(seconds) => {
+                println!("  {:<34} {:>6.2} s  {}", fault.fault, seconds, fault.recovered)
+            }
             None => println!("  {:<34}  never    {}", fault.fault, fault.recovered),
         }
     }
@@ -604,7 +663,11 @@ fn print_figures(figures: &Figures) {
 
 /// Starts a `fairway worker` whose command outlives the lease, waits until its command runs,
 /// and kills the worker with SIGKILL. Returns how long its leases took to be released.
-async fn kill_worker_mid_command(url: String, client: Client, out: PathBuf) -> Result<Duration, ChaosError> {
+async fn kill_worker_mid_command(
+    url: String,
+    client: Client,
+    out: PathBuf,
+) -> Result<Duration, ChaosError> {
     const QUERIER: &str = "chaos-doomed";
     let log = log_file(&out.join("doomed-worker.log"))?;
     let mut worker = Command::new(std::env::current_exe()?)
@@ -638,14 +701,18 @@ async fn kill_worker_mid_command(url: String, client: Client, out: PathBuf) -> R
     loop {
         let queriers = client.queriers().await;
         let held = match queriers {
-            Ok(queriers) => queriers.iter().filter(|q| q.querier == QUERIER).map(|q| q.leases).sum(),
+            Ok(queriers) => {
+                queriers.iter().filter(|q| q.querier == QUERIER).map(|q| q.leases).sum()
+            }
             Err(_) => 1,
         };
         if held == 0 {
             return Ok(killed.elapsed());
         }
         if killed.elapsed() > READY_LIMIT * 2 {
-            return Err(ChaosError::Setup("the killed worker's leases were never released".to_owned()));
+            return Err(ChaosError::Setup(
+                "the killed worker's leases were never released".to_owned(),
+            ));
         }
         tokio::time::sleep(POLL).await;
     }
@@ -657,13 +724,15 @@ fn child_processes(pid: u32) -> Vec<u32> {
     tasks
         .flatten()
         .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
-        .flat_map(|children| children.split_whitespace().filter_map(|pid| pid.parse().ok()).collect::<Vec<u32>>())
+        .flat_map(|children| {
+            children.split_whitespace().filter_map(|pid| pid.parse().ok()).collect::<Vec<u32>>()
+        })
         .collect()
 }
 
 /// Long polls on a service no worker serves, whose client closes them early; then work for
 /// them arrives. Returns how long until every one of those items could be claimed again, and
-/// completes them; an error when that took longer than issue 19's bound.
+/// completes them.
 async fn vanishing_long_polls(load: &Arc<Load>) -> Result<Duration, String> {
     let polls: Vec<_> = (0..VANISHING_POLLS)
         .map(|poll| {
@@ -694,7 +763,13 @@ async fn vanishing_long_polls(load: &Arc<Load>) -> Result<Duration, String> {
     }
     let submitted = Instant::now();
     let finisher = &load.clients[0];
-    let params = ClaimParams { service: IDLE_SERVICE, querier: "chaos-finisher", worker: 0, max: VANISHING_POLLS as u32, wait: Duration::from_secs(1) };
+    let params = ClaimParams {
+        service: IDLE_SERVICE,
+        querier: "chaos-finisher",
+        worker: 0,
+        max: VANISHING_POLLS as u32,
+        wait: Duration::from_secs(1),
+    };
     // Each item is completed as soon as it is claimed, so that none waits out a lease here.
     let mut claimed = HashSet::new();
     while claimed.len() < VANISHING_POLLS && submitted.elapsed() < READY_LIMIT {
@@ -706,7 +781,8 @@ async fn vanishing_long_polls(load: &Arc<Load>) -> Result<Duration, String> {
             }
         };
         for item in items {
-            let report = Report::Successful { attempt: item.attempt, results: vec![], component: None };
+            let report =
+                Report::Successful { attempt: item.attempt, results: vec![], component: None };
             if let Err(error) = finisher.report(item.id.0, &report).await {
                 return Err(format!("completing an idle item failed: {error}"));
             }
@@ -715,13 +791,10 @@ async fn vanishing_long_polls(load: &Arc<Load>) -> Result<Duration, String> {
     }
     let ready_again = submitted.elapsed();
     if claimed.len() < VANISHING_POLLS {
-        return Err(format!("only {} of the vanished long polls' items were claimable again after {} s", claimed.len(), READY_LIMIT.as_secs()));
-    }
-    if ready_again > VANISHED_BOUND {
         return Err(format!(
-            "items claimed for vanished long polls were claimable again only after {:.1} s (bound {} s)",
-            ready_again.as_secs_f64(),
-            VANISHED_BOUND.as_secs()
+            "only {} of the vanished long polls' items were claimable again after {} s",
+            claimed.len(),
+            READY_LIMIT.as_secs()
         ));
     }
     Ok(ready_again)
@@ -772,7 +845,9 @@ async fn hasty_clients(load: &Arc<Load>) -> ((i64, Duration), Record) {
                                     repeat: false,
                                     at_ms: now_ms(),
                                 }),
-                                Err(error) => record.refused.push(Refusal::of("report", &error, false)),
+                                Err(error) => {
+                                    record.refused.push(Refusal::of("report", &error, false))
+                                }
                             }
                         }
                     }
@@ -788,7 +863,9 @@ async fn hasty_clients(load: &Arc<Load>) -> ((i64, Duration), Record) {
     let mut orphaned = None;
     loop {
         let held = match load.clients[0].queriers().await {
-            Ok(queriers) => queriers.iter().filter(|q| q.querier == QUERIER).map(|q| q.leases).sum(),
+            Ok(queriers) => {
+                queriers.iter().filter(|q| q.querier == QUERIER).map(|q| q.leases).sum()
+            }
             Err(_) => -1,
         };
         if orphaned.is_none() && held >= 0 {

@@ -345,15 +345,20 @@ impl EmbeddedPostgres {
         ];
         let output = self.tools.output("pg_ctl", &args).await?;
         if !output.status.success() {
-            return Err(EmbeddedError::Start {
-                data_dir: self.data_dir.clone(),
-                status: describe_status(output.status),
-                output: tail(&output_text(&output), TAIL_LINES),
-                log_tail: log_tail(&log),
-                log,
-            });
+            return Err(self.start_failed(&output, log));
         }
         Ok(())
+    }
+
+    /// Why `pg_ctl` could not start the server: what it said, and the end of the server's log.
+    fn start_failed(&self, output: &Output, log: PathBuf) -> EmbeddedError {
+        EmbeddedError::Start {
+            data_dir: self.data_dir.clone(),
+            status: describe_status(output.status),
+            output: tail(&output_text(output), TAIL_LINES),
+            log_tail: log_tail(&log),
+            log,
+        }
     }
 
     /// Removes what a stopped server leaves that is ours to remove.
@@ -490,13 +495,7 @@ impl EmbeddedPostgres {
             )
             .await?;
         if !output.status.success() {
-            return Err(EmbeddedError::Start {
-                data_dir: self.data_dir.clone(),
-                status: describe_status(output.status),
-                output: tail(&output_text(&output), TAIL_LINES),
-                log_tail: log_tail(&log),
-                log,
-            });
+            return Err(self.start_failed(&output, log));
         }
         self.host = socket_dir.to_string_lossy().into_owned();
         self.started_by_us = true;
