@@ -881,3 +881,60 @@ async fn hasty_clients(load: &Arc<Load>) -> ((i64, Duration), Record) {
     }
     ((orphaned.unwrap_or(0), ended.elapsed()), record)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::drive::{Accepted, Claim};
+    use super::*;
+
+    fn refusal(status: u16, repeat: bool, at_ms: u64) -> Refusal {
+        Refusal { op: "report".to_owned(), status, repeat, at_ms, message: String::new() }
+    }
+
+    #[test]
+    fn a_clean_record_passes() {
+        let record = Record {
+            claims: vec![
+                Claim { item: 1, attempt: 1, at_ms: 0 },
+                Claim { item: 1, attempt: 2, at_ms: 1 },
+            ],
+            accepted: vec![
+                Accepted { item: 1, attempt: 2, repeat: false, at_ms: 2 },
+                Accepted { item: 1, attempt: 2, repeat: true, at_ms: 3 },
+            ],
+            ..Record::default()
+        };
+        let refused = [refusal(503, false, 10), refusal(0, true, 20), refusal(409, false, 30)];
+        let failures = check_record(&record, &refused[..2], 15);
+        assert!(failures.is_empty(), "{failures:?}");
+        // A first sending refused as stale is a fault of the client's, not the broker's, but
+        // the suite's clients never send one.
+        assert_eq!(check_record(&record, &refused, 15).len(), 1);
+    }
+
+    #[test]
+    fn every_broken_promise_is_named() {
+        let record = Record {
+            claims: vec![
+                Claim { item: 1, attempt: 1, at_ms: 0 },
+                Claim { item: 1, attempt: 1, at_ms: 1 },
+            ],
+            accepted: vec![
+                Accepted { item: 2, attempt: 1, repeat: false, at_ms: 2 },
+                Accepted { item: 2, attempt: 2, repeat: false, at_ms: 3 },
+            ],
+            ..Record::default()
+        };
+        let refused = [refusal(500, false, 1), refusal(503, false, 20), refusal(409, true, 2)];
+        let failures = check_record(&record, &refused, 10);
+        assert_eq!(failures.len(), 5, "{failures:?}");
+        for expected in
+            ["already held", "two attempts", "5xx other than 503", "after the faults", "got 409"]
+        {
+            assert!(
+                failures.iter().any(|failure| failure.contains(expected)),
+                "{expected}: {failures:?}"
+            );
+        }
+    }
+}
