@@ -122,6 +122,12 @@ impl Dice {
 
 pub async fn run(args: ChaosArgs) -> Result<(), ChaosError> {
     std::fs::create_dir_all(&args.out)?;
+    // The processes append to their logs, across restarts; each run starts them afresh.
+    for entry in std::fs::read_dir(&args.out)?.flatten() {
+        if entry.path().extension().is_some_and(|extension| extension == "log") {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
     let server = EmbeddedPostgres::start(Some(&args.data_dir), args.pg_bin.as_deref()).await?;
     let outcome =
         if args.soak { soak::run(&args, &server).await } else { suite(&args, &server).await };
