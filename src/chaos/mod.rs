@@ -43,6 +43,8 @@ const READY_LIMIT: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(100);
 /// An asynchronous job is submitted this often under the fault suite.
 const CHAOS_PACE: Duration = Duration::from_millis(150);
+/// Per mille of claimed items whose worker dies holding them, until the faults end.
+const DIE_PER_MILLE: u64 = 5;
 /// Items completed before the first fault, so that it lands on flowing work.
 const WARM_UP_ITEMS: i64 = 300;
 /// Work that flows between two faults.
@@ -365,7 +367,7 @@ async fn suite(args: &ChaosArgs, server: &EmbeddedPostgres) -> Result<(), ChaosE
     let mut brokers = Brokers::start(args, server, &[]).await?;
     let pool = db::pool::connect(db::pool::parse_config(&server.connection_string(DATABASE))?, 2)?;
     let load = Load::new(brokers.clients.clone());
-    let mut drive = Drive::start(&brokers, args, 5)?;
+    let mut drive = Drive::start(&brokers, args, DIE_PER_MILLE)?;
     let producers = load.start(CHAOS_PACE);
     println!(
         "chaos: 3 brokers, {} workers, lease {}",
@@ -404,20 +406,19 @@ async fn suite(args: &ChaosArgs, server: &EmbeddedPostgres) -> Result<(), ChaosE
         Some(crashed.elapsed()),
         "PostgreSQL accepting connections",
     ));
-    let flowing = progress_after(&pool, done, READY_LIMIT).await;
-    let mut ready = Duration::ZERO;
     for index in 0..BROKERS {
-        ready = ready.max(brokers.ready(index).await?);
+        brokers.ready(index).await?;
     }
+    faults.push(report_fault(
+        "PostgreSQL restart -m immediate".to_owned(),
+        Some(crashed.elapsed()),
+        "every broker ready",
+    ));
+    let flowing = progress_after(&pool, done, READY_LIMIT).await;
     faults.push(report_fault(
         "PostgreSQL restart -m immediate".to_owned(),
         flowing.map(|at| at - crashed),
         "items completing again",
-    ));
-    faults.push(report_fault(
-        "PostgreSQL restart -m immediate".to_owned(),
-        Some(crashed.elapsed().max(ready)),
-        "every broker ready",
     ));
     tokio::time::sleep(BETWEEN_FAULTS).await;
 
