@@ -45,6 +45,8 @@ const POLL: Duration = Duration::from_millis(100);
 const CHAOS_PACE: Duration = Duration::from_millis(150);
 /// Per mille of claimed items whose worker dies holding them, until the faults end.
 const DIE_PER_MILLE: u64 = 5;
+/// Items a run makes at least, counting those its workflows make from results.
+const MIN_ITEMS: i64 = 4_000;
 /// Items completed before the first fault, so that it lands on flowing work.
 const WARM_UP_ITEMS: i64 = 300;
 /// Work that flows between two faults.
@@ -450,6 +452,15 @@ async fn suite(args: &ChaosArgs, server: &EmbeddedPostgres) -> Result<(), ChaosE
     ));
     let faults_end = now_ms();
     drive.calm().await?;
+    // Faults that heal fast leave a short run: the work goes on, without faults, until the
+    // run has made its few thousand items.
+    let calm_since = Instant::now();
+    while calm_since.elapsed() < READY_LIMIT {
+        if matches!(item_totals(&pool).await, Ok((items, ..)) if items >= MIN_ITEMS) {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
     load.stop.cancel();
     for producer in producers {
         let _ = producer.await;
