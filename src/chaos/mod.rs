@@ -912,19 +912,24 @@ mod tests {
         Refusal { op: "report".to_owned(), status, repeat, at_ms, message: String::new() }
     }
 
+    /// A record of claims of (item, attempt) and accepted successes of (item, attempt, repeat).
+    fn record(claims: &[(i64, i32)], accepted: &[(i64, i32, bool)]) -> Record {
+        Record {
+            claims: claims
+                .iter()
+                .map(|&(item, attempt)| Claim { item, attempt, at_ms: 0 })
+                .collect(),
+            accepted: accepted
+                .iter()
+                .map(|&(item, attempt, repeat)| Accepted { item, attempt, repeat, at_ms: 0 })
+                .collect(),
+            ..Record::default()
+        }
+    }
+
     #[test]
     fn a_clean_record_passes() {
-        let record = Record {
-            claims: vec![
-                Claim { item: 1, attempt: 1, at_ms: 0 },
-                Claim { item: 1, attempt: 2, at_ms: 1 },
-            ],
-            accepted: vec![
-                Accepted { item: 1, attempt: 2, repeat: false, at_ms: 2 },
-                Accepted { item: 1, attempt: 2, repeat: true, at_ms: 3 },
-            ],
-            ..Record::default()
-        };
+        let record = record(&[(1, 1), (1, 2)], &[(1, 2, false), (1, 2, true)]);
         let refused = [refusal(503, false, 10), refusal(0, true, 20), refusal(409, false, 30)];
         let failures = check_record(&record, &refused[..2], 15);
         assert!(failures.is_empty(), "{failures:?}");
@@ -935,17 +940,7 @@ mod tests {
 
     #[test]
     fn every_broken_promise_is_named() {
-        let record = Record {
-            claims: vec![
-                Claim { item: 1, attempt: 1, at_ms: 0 },
-                Claim { item: 1, attempt: 1, at_ms: 1 },
-            ],
-            accepted: vec![
-                Accepted { item: 2, attempt: 1, repeat: false, at_ms: 2 },
-                Accepted { item: 2, attempt: 2, repeat: false, at_ms: 3 },
-            ],
-            ..Record::default()
-        };
+        let record = record(&[(1, 1), (1, 1)], &[(2, 1, false), (2, 2, false)]);
         let refused = [refusal(500, false, 1), refusal(503, false, 20), refusal(409, true, 2)];
         let failures = check_record(&record, &refused, 10);
         assert_eq!(failures.len(), 5, "{failures:?}");
