@@ -272,8 +272,9 @@ impl Report {
 
     /// Claims/s and p99 latency per path across the matrix, on log scales.
     pub fn chart(&self) -> String {
-        const COLORS: [&str; 6] =
-            ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02"];
+        const COLORS: [&str; 8] = [
+            "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#666666",
+        ];
         let points = self.points();
         let paths = self.paths();
         let (width, height, margin) = (520.0, 320.0, 60.0);
@@ -367,7 +368,7 @@ impl Report {
         }
         for (p, path) in paths.iter().enumerate() {
             let color = COLORS[p % COLORS.len()];
-            let lx = margin + p as f64 * 170.0;
+            let lx = margin + p as f64 * 140.0;
             let _ = write!(
                 svg,
                 r#"<rect x="{lx}" y="{}" width="12" height="12" fill="{color}"/><text x="{}" y="{}">{path}</text>"#,
