@@ -95,7 +95,9 @@ async fn run_matrix(
         .collect();
     let matrix = args.matrix();
     let mut points = matrix.clone();
-    points.extend(args.wide_points.iter().filter(|point| !matrix.contains(point)));
+    if !wide.is_empty() {
+        points.extend(args.wide_points.iter().filter(|point| !matrix.contains(point)));
+    }
     for (users, backlog) in points {
         let point = Point { users: users as usize, backlog: backlog as usize, partitions };
         let mut legs: Vec<Leg> = Vec::new();
