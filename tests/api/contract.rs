@@ -67,6 +67,10 @@ async fn the_broker_answers_as_its_openapi_document_says() {
         // No examples kept from earlier runs: replayed against a changed document they make a
         // seeded run depend on what ran before it.
         .args(["--generation-database", "none"])
+        // Not the coverage phase: under Python 3.11 it now and then crashes inside Hypothesis
+        // ("AST constructor recursion depth mismatch") before sending a request. Fuzzing and the
+        // stateful phase still send every operation generated and boundary cases.
+        .args(["--phases", "examples,fuzzing,stateful"])
         .env("NO_COLOR", "1")
         .current_dir(std::env::temp_dir())
         .output()
