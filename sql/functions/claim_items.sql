@@ -35,10 +35,10 @@
 -- step met is checked against the attempt's other filters, the querier's shards and its caps
 -- by the logged running counts; the first that passes and whose user is free is taken, at its
 -- lowest ready item, as 6 takes the fair order's. Under a hard cap (max_simultaneous) the
--- value's strategy_running row is locked (SKIP LOCKED), its log folded and its count read
--- afresh first, so that no two transactions admit against the same count. At most 256 steps
--- are read per attempt, so that steps held or capped at the head of an order cannot make a
--- claim walk the backlog.
+-- value's strategy_running row is locked (SKIP LOCKED) and its count read afresh first, so
+-- that no two transactions admit against the same count; a value found capped is passed over
+-- for the rest of the transaction. At most 256 steps are read per attempt, so that steps held
+-- or capped at the head of an order cannot make a claim walk the backlog.
 --
 -- Answer: a row per claimed item, tagged with its request's index (1-based). A request that got
 -- nothing has one row with id NULL and querier_state saying why: NULL, the querier is not a
@@ -127,6 +127,14 @@ DECLARE
     v_cursor refcursor;
     v_candidate record;
     v_cap record;
+    -- Capped values met by this transaction's strategies, as ROW(service, key, value, max)::text.
+    v_capped text[] := '{}';
+    -- The jobs met capped, as ROW(service, job_id, the attempt's caps)::text.
+    v_capped_jobs text[] := '{}';
+    v_capped_job text;
+    v_newly_capped text[];
+    v_capped_count bigint;
+    v_running integer;
     v_chosen boolean;
     v_use_fair boolean;
     v_step_job uuid;
@@ -329,9 +337,47 @@ BEGIN
                         FOR seen IN 1 .. 256 LOOP
                             FETCH v_cursor INTO v_candidate;
                             EXIT candidates WHEN NOT FOUND;
+                            -- Every cap, by the running counts as logged so far (exact for hard
+                            -- caps only once locked, below). A value found capped is passed over
+                            -- for the rest of this transaction: its own claims only add to the
+                            -- count, and capacity that others free is seen by the next
+                            -- transaction. The job found capped is passed over with no
+                            -- statement at all, since every claim of the batch meets it again
+                            -- at the head of the order.
+                            IF v_attempt -> 'caps' <> '[]' THEN
+                                v_capped_job := ROW(v_service, v_candidate.job_id,
+                                                    v_attempt -> 'caps')::text;
+                                CONTINUE candidates WHEN v_capped_job = ANY (v_capped_jobs);
+                                SELECT array_agg(c.capped) FILTER (WHERE c.capped <> ALL (v_capped)),
+                                       count(*)
+                                  INTO v_newly_capped, v_capped_count
+                                  FROM (SELECT m.key, m.value, r.running,
+                                               (cap ->> 'max')::integer AS max,
+                                               ROW(v_service, m.key, m.value, cap ->> 'max')::text
+                                                   AS capped
+                                          FROM jsonb_array_elements(v_attempt -> 'caps') cap
+                                          JOIN job_metadata m
+                                            ON (m.job_id, m.key)
+                                               = (v_candidate.job_id, cap ->> 'key')
+                                          JOIN strategy_running r
+                                            ON (r.service, r.key, r.value)
+                                               = (v_service, m.key, m.value)) c
+                                 WHERE c.capped = ANY (v_capped)
+                                    OR c.running
+                                       + coalesce((SELECT sum(l.running)
+                                                     FROM strategy_running_changes l
+                                                    WHERE (l.service, l.key, l.value)
+                                                          = (v_service, c.key, c.value)),
+                                                  0)
+                                       >= c.max;
+                                IF v_capped_count > 0 THEN
+                                    v_capped := v_capped || coalesce(v_newly_capped, '{}');
+                                    v_capped_jobs := v_capped_jobs || v_capped_job;
+                                    CONTINUE candidates;
+                                END IF;
+                            END IF;
                             -- The step's other filters, the querier's shards, a tenant passed
-                            -- over, and every cap by the running counts as logged so far
-                            -- (exact for hard caps only once locked, below).
+                            -- over.
                             SELECT uw.username, uw.tenant, false AS stale, 0 AS ready_count,
                                    0 AS local_ready, 0 AS local_running,
                                    NULL::timestamptz AS local_last_worked, uw.actor
@@ -358,22 +404,7 @@ BEGIN
                                                     FROM job_metadata m
                                                    WHERE (m.job_id, m.key, m.value)
                                                          = (uw.job_id, f ->> 'key',
-                                                            f -> 'value')))
-                               AND NOT EXISTS (
-                                       SELECT 1
-                                         FROM jsonb_array_elements(v_attempt -> 'caps') c
-                                         JOIN job_metadata m
-                                           ON (m.job_id, m.key) = (uw.job_id, c ->> 'key')
-                                         JOIN strategy_running r
-                                           ON (r.service, r.key, r.value)
-                                              = (v_service, m.key, m.value)
-                                        WHERE r.running
-                                              + coalesce((SELECT sum(l.running)
-                                                            FROM strategy_running_changes l
-                                                           WHERE (l.service, l.key, l.value)
-                                                                 = (r.service, r.key, r.value)),
-                                                         0)
-                                              >= (c ->> 'max')::integer);
+                                                            f -> 'value')));
                             CONTINUE candidates WHEN NOT FOUND;
                             PERFORM 1
                                FROM users u
@@ -383,9 +414,10 @@ BEGIN
                                 passed_over := true;
                                 CONTINUE candidates;
                             END IF;
-                            -- Hard caps: the value's row locked (never waited for), its log
-                            -- folded, and its count read afresh, with the changes this
-                            -- transaction logged since.
+                            -- Hard caps: the value's row locked (never waited for), then its
+                            -- count read afresh, in a snapshot that holds every change logged
+                            -- by the transactions that held the row before, and those this one
+                            -- logged since.
                             FOR v_cap IN
                                 SELECT c ->> 'key' AS key, (c ->> 'max')::integer AS max,
                                        m.value
@@ -399,17 +431,21 @@ BEGIN
                                     passed_over := true;
                                     CONTINUE candidates;
                                 END IF;
-                                IF (SELECT r.running
-                                           + coalesce((SELECT sum(l.running)
-                                                         FROM strategy_running_changes l
-                                                        WHERE (l.service, l.key, l.value)
-                                                              = (r.service, r.key, r.value)),
-                                                      0)
-                                      FROM strategy_running r
-                                     WHERE (r.service, r.key, r.value)
-                                           = (v_service, v_cap.key, v_cap.value))
-                                   >= v_cap.max
-                                THEN
+                                SELECT r.running
+                                       + coalesce((SELECT sum(l.running)
+                                                     FROM strategy_running_changes l
+                                                    WHERE (l.service, l.key, l.value)
+                                                          = (r.service, r.key, r.value)),
+                                                  0)
+                                  INTO v_running
+                                  FROM strategy_running r
+                                 WHERE (r.service, r.key, r.value)
+                                       = (v_service, v_cap.key, v_cap.value);
+                                IF v_running >= v_cap.max THEN
+                                    v_capped := v_capped
+                                                || ROW(v_service, v_cap.key, v_cap.value,
+                                                       v_cap.max::text)::text;
+                                    v_capped_jobs := v_capped_jobs || v_capped_job;
                                     CONTINUE candidates;
                                 END IF;
                             END LOOP;

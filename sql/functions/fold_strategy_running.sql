@@ -1,10 +1,11 @@
 -- fold_strategy_running: applies the logged running-count changes (strategy_running_changes)
--- to the strategy_running rows it can lock: the one (service, key, value) given, or, with
--- NULL arguments, every row with logged changes (the broker's upkeep, so that the log stays
--- short when no capped claim folds it). Rows another transaction holds keep their log rows for
--- later: no change is dropped.
+-- to the strategy_running rows it can lock. With NULL arguments, every row with logged changes
+-- (the broker's upkeep, so that the log stays short). Given one (service, key, value), as a
+-- capped claim does: that row is locked, and its log folded only once it holds 64 changes or
+-- more, since folding on every claim costs more than summing a short log. Rows another
+-- transaction holds keep their log rows for later: no change is dropped.
 --
--- Answer: whether the row given was locked and folded (NULL arguments: whether any was).
+-- Answer: whether the row given was locked (NULL arguments: whether any was).
 -- Locks: the folded strategy_running rows, SKIP LOCKED, held to the caller's commit. The rows
 -- are locked first, so that the next statement, in a fresh snapshot, sums every change
 -- logged for them and deletes only those.
@@ -41,6 +42,15 @@ BEGIN
     END IF;
     IF v_services IS NULL THEN
         RETURN false;
+    END IF;
+    IF p_service IS NOT NULL
+       AND (SELECT count(*)
+              FROM (SELECT
+                      FROM strategy_running_changes c
+                     WHERE (c.service, c.key, c.value) = (p_service, p_key, p_value)
+                     LIMIT 64) c) < 64
+    THEN
+        RETURN true;
     END IF;
     WITH folded AS (
         DELETE FROM strategy_running_changes c

@@ -10,7 +10,9 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::helpers::{default_args, spawn_app, spawn_broker, TestApp};
+use fairway::config::ServeArgs;
+
+use crate::helpers::{default_args, spawn_app, spawn_app_with, spawn_broker, TestApp};
 
 /// Percent-encodes a query parameter's value.
 fn encode(text: &str) -> String {
@@ -265,6 +267,50 @@ async fn max_simultaneous_blocks_while_held_and_a_completion_frees() {
         .await
         .expect("JSON");
     assert_eq!(usage["values"], json!([]));
+    app.assert_consistent().await;
+}
+
+/// The rows and the sum of customer acme's running-count log on `svc`.
+async fn acme_log(app: &TestApp) -> (i64, i64) {
+    let row = app
+        .db
+        .query_one(
+            "SELECT count(*), coalesce(sum(running), 0)::bigint
+               FROM strategy_running_changes
+              WHERE (service, key, value) = ('svc', 'customer', '\"acme\"')",
+            &[],
+        )
+        .await
+        .expect("log");
+    (row.get(0), row.get(1))
+}
+
+/// A capped claim folds its value's running-count log once the log is long, so that the sums
+/// each later claim reads stay short; a short one it leaves for the upkeep.
+#[tokio::test]
+async fn a_capped_claim_folds_a_long_log_into_its_value() {
+    // The upkeep's fold would also empty the log: keep it out of the way.
+    let app =
+        spawn_app_with(ServeArgs { reap_interval: Duration::from_secs(3600), ..default_args() })
+            .await;
+    submit(&app, "u1", 3, json!({ "customer": "acme" }), 0).await;
+    // Changes that cancel out, as claims and endings leave them.
+    app.db
+        .execute(
+            "INSERT INTO strategy_running_changes (service, key, value, running)
+             SELECT 'svc', 'customer', '\"acme\"', CASE WHEN n % 2 = 0 THEN 1 ELSE -1 END
+               FROM generate_series(1, 100) AS n",
+            &[],
+        )
+        .await
+        .expect("a long log");
+    let strategy = json!({ "max_simultaneous": { "key": "customer", "max": 2, "then": "oldest" } });
+    claim_one(&app, &strategy).await.expect("one");
+    // Folded before the claim, which then logged its own change.
+    assert_eq!(acme_log(&app).await, (1, 1));
+    claim_one(&app, &strategy).await.expect("two");
+    assert_eq!(acme_log(&app).await, (2, 2), "a short log is left for the upkeep");
+    assert!(claim_one(&app, &strategy).await.is_none(), "a third would pass the cap");
     app.assert_consistent().await;
 }
 
