@@ -62,6 +62,11 @@ struct Recorded<'a> {
 /// transaction of its own.
 const DEFERRALS: usize = 10;
 
+/// Expired leases ended per transaction by the reaper: a dead worker pod's leases come back in
+/// a few transactions rather than one each, while the owners' rows a transaction waits for and
+/// holds stay few.
+const REAP_CHUNK: usize = 32;
+
 /// Longest a deferred ending waits for a claim batch of this broker to commit before it goes
 /// again: the holder may be another broker's.
 const DEFERRAL_PAUSE: Duration = Duration::from_millis(5);
@@ -251,7 +256,7 @@ impl Broker {
             .await
     }
 
-    /// Treats every expired lease (up to `limit`) as a retryable failure, each in its own
+    /// Treats every expired lease (up to `limit`) as a retryable failure, [`REAP_CHUNK`] to a
     /// transaction. Safe to run in several brokers at once: an item another reaper or its
     /// worker settled first is left alone. Returns how many leases it expired.
     pub async fn reap_expired_leases(&self, limit: i64) -> Result<usize, BrokerError> {
@@ -259,15 +264,20 @@ impl Broker {
             let client = self.client().await?;
             sql::query(&client, FIND_EXPIRED_LEASES, &[&limit]).await?
         };
+        let endings = expired
+            .iter()
+            .map(|row| {
+                Ok(AttemptEnding {
+                    id: WorkItemId(row.try_get("id")?),
+                    attempt: row.try_get("attempt")?,
+                    ending: Ending::Expired,
+                    token: None,
+                })
+            })
+            .collect::<Result<Vec<_>, BrokerError>>()?;
         let mut reaped = 0;
-        for row in expired {
-            let ending = AttemptEnding {
-                id: WorkItemId(row.try_get("id")?),
-                attempt: row.try_get("attempt")?,
-                ending: Ending::Expired,
-                token: None,
-            };
-            let answers = self.end_batch(&[ending], LeaseCondition::Expired, Owners::Wait).await?;
+        for chunk in endings.chunks(REAP_CHUNK) {
+            let answers = self.end_batch(chunk, LeaseCondition::Expired, Owners::Wait).await?;
             reaped +=
                 answers.iter().filter(|answer| matches!(answer, Ok(Answer::Applied(_)))).count();
         }

@@ -94,6 +94,44 @@ async fn an_expired_lease_is_reclaimed_and_the_stale_worker_is_refused() {
     app.assert_consistent().await;
 }
 
+/// A pass over more expired leases than one transaction ends (a dead worker pod's, say) puts
+/// every item back once, each with its attempt counted, whatever transaction it fell in.
+#[tokio::test]
+async fn a_reaper_pass_ends_every_expired_lease_of_a_dead_pod() {
+    let mut args = default_args();
+    // The pass below is the only one.
+    args.reap_interval = Duration::from_secs(3600);
+    let app = spawn_app_with(args).await;
+    for user in ["alice", "bob", "carol"] {
+        app.submit_simple(user, "svc", 30, true).await;
+    }
+    let mut held = 0;
+    for worker in 0..3 {
+        held += app
+            .claim_with(&format!("service=svc&querier=pod-0&worker={worker}&max=30"))
+            .await
+            .len();
+    }
+    assert_eq!(held, 90);
+    app.db
+        .execute("UPDATE work_items SET lease_expires_at = now() - interval '1 second'", &[])
+        .await
+        .expect("the pod's leases run out");
+    let reaped = app.broker.reap_expired_leases(500).await.expect("a reaper pass");
+    assert_eq!(reaped, 90);
+    let row = app
+        .db
+        .query_one(
+            "SELECT count(*) FILTER (WHERE status = 'ready' AND attempt = 1), count(*)
+               FROM work_items",
+            &[],
+        )
+        .await
+        .expect("items");
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (90, 90), "every item is back, once");
+    app.assert_consistent().await;
+}
+
 #[tokio::test]
 async fn a_heartbeat_extends_the_lease() {
     let app = spawn_app().await;
