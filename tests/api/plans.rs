@@ -17,6 +17,9 @@ const TENANTS: i32 = 1_000;
 const USERS: i32 = 10_000;
 const ITEMS: i32 = 1_000_000;
 
+/// PostgreSQL's default `jit_above_cost`.
+const JIT_ABOVE_COST: f64 = 100_000.0;
+
 /// A thousand tenants (a tenth of them sharded over ten queriers), ten users each, two jobs per
 /// user (one synchronous, half of those under a two-level actor path), each job with metadata
 /// (`customer`: a thousand values, `mode`: two) and a priority, a million ready items dealt over
@@ -97,8 +100,13 @@ async fn plan(db: &tokio_postgres::Client, statement: &str, arguments: &str) -> 
 /// tenant gets the ordered index scan); a function may sort arrays (those it was given, and a
 /// batch of attempt endings the owners of its items) and the rows its own updates returned; and
 /// the membership statements may sort the running items, one per busy worker, read from the
-/// leases index. Bitmap scans are index reads of a key's rows.
+/// leases index. Bitmap scans are index reads of a key's rows. Each plan is also estimated below
+/// PostgreSQL's default `jit_above_cost`, so that a server with JIT on (the default where it is
+/// built in) never compiles one: compiling takes tens of milliseconds, a probe tens of
+/// microseconds.
 fn assert_index_probes(name: &str, plan: &Value) {
+    let cost = plan["Total Cost"].as_f64().unwrap_or_default();
+    assert!(cost < JIT_ABOVE_COST, "{name} is estimated at {cost}, past jit_above_cost: {plan:#}");
     for node in nodes(plan) {
         let kind = node["Node Type"].as_str().unwrap_or_default();
         // The per-pod queriers table is small; the logs of running changes hold the changes
