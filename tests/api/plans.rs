@@ -105,7 +105,9 @@ async fn plan(db: &tokio_postgres::Client, statement: &str, arguments: &str) -> 
 /// built in) never compiles one: compiling takes tens of milliseconds, a probe tens of
 /// microseconds.
 fn assert_index_probes(name: &str, plan: &Value) {
-    let cost = plan["Total Cost"].as_f64().unwrap_or_default();
+    let cost = plan["Total Cost"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{name} has no estimated cost: {plan:#}"));
     assert!(cost < JIT_ABOVE_COST, "{name} is estimated at {cost}, past jit_above_cost: {plan:#}");
     for node in nodes(plan) {
         let kind = node["Node Type"].as_str().unwrap_or_default();
