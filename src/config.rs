@@ -556,6 +556,11 @@ pub enum BenchPath {
     /// transaction are served by one statement, and so are the completions. No fairness, and
     /// built as the broker is: the honest ceiling.
     FifoBatched,
+    /// `fifo_batched` that also keeps the counters the fair order reads (user_work, users,
+    /// service_users), each row moved once per batch: what keeping those counters costs a
+    /// claim whose choice is free, a ceiling for the fair claim built on them. Not run unless
+    /// named in --paths.
+    FifoCounted,
     /// Harmony's documented algorithm: a GROUP BY over user_work per claim.
     HarmonyLeastRunning,
     /// Harmony's production query: a ROW_NUMBER() round robin over user_work per claim.
@@ -597,6 +602,7 @@ impl BenchPath {
             Self::Fair
             | Self::Fifo
             | Self::FifoBatched
+            | Self::FifoCounted
             | Self::HarmonyLeastRunning
             | Self::HarmonyRoundRobin
             | Self::Http
@@ -686,8 +692,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     pub max: u16,
 
-    /// Items per claim of the wide claims: at each of --wide-points, `fair`, `fifo` and
-    /// `fifo_batched` (those of --paths) run again with this --max. 1: none.
+    /// Items per claim of the wide claims: at each of --wide-points, `fair`, `fifo`,
+    /// `fifo_batched` and `fifo_counted` (those of --paths) run again with this --max. 1: none.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
     pub wide_max: u16,
 

@@ -39,30 +39,32 @@ async fn bench(flags: &[&str]) -> Value {
     serde_json::from_str(&text).expect("JSON")
 }
 
+/// A small seed with several jobs a user, over tenants and components, with as many workers as
+/// every path needs, and the wide claims at its one point.
+const SEVERAL_JOBS_A_USER: &[&str] = &[
+    "--users",
+    "4",
+    "--jobs-per-user",
+    "3",
+    "--tenants",
+    "2",
+    "--components",
+    "2",
+    "--backlog",
+    "600",
+    "--workers",
+    "4",
+    "--wide-points",
+    "4x600",
+];
+
 #[tokio::test]
 async fn every_path_runs_on_a_seed_of_several_jobs_per_user_and_counters_stay_exact() {
     // Held through the recount below, which reads the database the run left.
     let _only = BENCH_DATABASE.lock().await;
-    let report = bench(&[
-        "--users",
-        "4",
-        "--jobs-per-user",
-        "3",
-        "--tenants",
-        "2",
-        "--components",
-        "2",
-        "--backlog",
-        "600",
-        // Enough to run every path.
-        "--workers",
-        "4",
-        "--paths",
-        "fair,fifo,fifo_batched,harmony_least_running,harmony_round_robin,http,http_3_brokers",
-        "--wide-points",
-        "4x600",
-    ])
-    .await;
+    let paths = "fair,fifo,fifo_batched,fifo_counted,harmony_least_running,harmony_round_robin,\
+                 http,http_3_brokers";
+    let report = bench(&[SEVERAL_JOBS_A_USER, &["--paths", paths]].concat()).await;
     let runs = report["runs"].as_array().expect("runs");
     let legs: Vec<(&str, i64)> =
         runs.iter().filter_map(|run| Some((run["path"].as_str()?, run["max"].as_i64()?))).collect();
@@ -70,13 +72,14 @@ async fn every_path_runs_on_a_seed_of_several_jobs_per_user_and_counters_stay_ex
         "fair",
         "fifo",
         "fifo_batched",
+        "fifo_counted",
         "harmony_least_running",
         "harmony_round_robin",
         "http",
         "http_3_brokers",
     ]
     .map(|path| (path, 1));
-    let wide = ["fair", "fifo", "fifo_batched"].map(|path| (path, 8));
+    let wide = ["fair", "fifo", "fifo_batched", "fifo_counted"].map(|path| (path, 8));
     assert_eq!(legs, [&wide[..], &one[..]].concat(), "the wide claims, then each path");
     for run in runs {
         assert_eq!(run["jobs"], 12, "{run}");
@@ -86,12 +89,42 @@ async fn every_path_runs_on_a_seed_of_several_jobs_per_user_and_counters_stay_ex
 
     // The last path, over HTTP to three brokers, keeps the broker's counters: a recount finds
     // nothing to mend.
+    assert_counters_exact().await;
+}
+
+/// The counted FIFO, the ceiling for a claim that keeps the fair order's counters, keeps them
+/// as exactly as the broker does, over claims of one item and of several, across tenants,
+/// components and several jobs per user.
+#[tokio::test]
+async fn the_counted_fifo_keeps_the_fair_orders_counters_exact() {
+    let _only = BENCH_DATABASE.lock().await;
+    let report = bench(&[SEVERAL_JOBS_A_USER, &["--paths", "fifo_counted"]].concat()).await;
+    let legs: Vec<i64> = report["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .filter_map(|run| run["max"].as_i64())
+        .collect();
+    assert_eq!(legs, [8, 1], "the wide claims, then one item a claim");
+    assert_counters_exact().await;
+}
+
+/// A recount of the database the last run left finds nothing to mend.
+async fn assert_counters_exact() {
     let mut config: tokio_postgres::Config =
         server_url().await.parse().expect("DATABASE_URL parses");
     config.dbname("fairway_bench");
     let db = connect(&config).await;
     let mismatches = db.query(CHECK_CONSISTENCY, &[]).await.expect("recount");
-    assert!(mismatches.is_empty(), "{} counters drifted", mismatches.len());
+    let rows: Vec<String> = mismatches
+        .iter()
+        .map(|row| {
+            let (table, key): (String, Value) = (row.get(0), row.get(1));
+            let (recorded, actual): (Value, Value) = (row.get(2), row.get(3));
+            format!("{table} {key}: recorded {recorded}, actual {actual}")
+        })
+        .collect();
+    assert!(mismatches.is_empty(), "{} counters drifted: {rows:?}", mismatches.len());
 }
 
 /// A backlog too small to have a half ends its path after one pass that hands out nothing,

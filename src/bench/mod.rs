@@ -89,10 +89,11 @@ async fn run_matrix(
         metadata: args.paths.iter().any(|path| path.strategy().is_some()),
     };
     // The wide claims run at their points beside the others, on the same seed.
-    let wide: Vec<BenchPath> = [BenchPath::Fair, BenchPath::Fifo, BenchPath::FifoBatched]
-        .into_iter()
-        .filter(|path| args.wide_max > 1 && args.paths.contains(path))
-        .collect();
+    let wide: Vec<BenchPath> =
+        [BenchPath::Fair, BenchPath::Fifo, BenchPath::FifoBatched, BenchPath::FifoCounted]
+            .into_iter()
+            .filter(|path| args.wide_max > 1 && args.paths.contains(path))
+            .collect();
     let matrix = args.matrix();
     let mut points = matrix.clone();
     if !wide.is_empty() {
@@ -254,6 +255,7 @@ async fn run_path(
         path,
         BenchPath::Fifo
             | BenchPath::FifoBatched
+            | BenchPath::FifoCounted
             | BenchPath::HarmonyLeastRunning
             | BenchPath::HarmonyRoundRobin
     );
@@ -297,10 +299,12 @@ async fn run_path(
             }
             Runner::Http { client: client.build()?, bases }
         }
-        BenchPath::FifoBatched => {
+        BenchPath::FifoBatched | BenchPath::FifoCounted => {
             let (lanes, most) = (args.batches.batch_lanes.into(), args.batches.batch_max.into());
+            let counted = path == BenchPath::FifoCounted;
             Runner::FifoBatched {
                 pool: pool.clone(),
+                counted,
                 claims: Batches::new(lanes, most),
                 completions: Batches::new(lanes, most),
             }

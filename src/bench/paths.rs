@@ -17,9 +17,9 @@ use crate::broker::Broker;
 use crate::config::BenchPath;
 use crate::db::sql::{
     self, Params, BENCH_FIFO_CLAIM, BENCH_FIFO_COMPLETE, BENCH_FIFO_COMPLETE_BATCH,
-    BENCH_HARMONY_CLAIM_ITEM, BENCH_HARMONY_COUNT_CLAIM, BENCH_HARMONY_COUNT_COMPLETION,
-    BENCH_HARMONY_LEAST_RUNNING_JOB, BENCH_HARMONY_LEAST_RUNNING_USER,
-    BENCH_HARMONY_ROUND_ROBIN_JOB,
+    BENCH_FIFO_COUNTED_CLAIM, BENCH_FIFO_COUNTED_COMPLETE_BATCH, BENCH_HARMONY_CLAIM_ITEM,
+    BENCH_HARMONY_COUNT_CLAIM, BENCH_HARMONY_COUNT_COMPLETION, BENCH_HARMONY_LEAST_RUNNING_JOB,
+    BENCH_HARMONY_LEAST_RUNNING_USER, BENCH_HARMONY_ROUND_ROBIN_JOB,
 };
 
 /// An item a worker holds.
@@ -41,9 +41,11 @@ pub enum Runner {
         path: BenchPath,
     },
     /// The FIFO claim and completion behind the broker's group commit: each batch of claims
-    /// (how many items each wants) is one statement, and so is each batch of completions.
+    /// (how many items each wants) is one statement, and so is each batch of completions;
+    /// `counted`, those statements also move the fair order's counters.
     FifoBatched {
         pool: Pool,
+        counted: bool,
         claims: Batches<usize, Result<Vec<Claimed>, String>>,
         completions: Batches<i64, Result<(), String>>,
     },
@@ -89,9 +91,10 @@ impl Runner {
                     .collect()
             }
             Self::Sql { pool, path } => harmony_claim(pool, *path, max).await,
-            Self::FifoBatched { pool, claims, .. } => {
+            Self::FifoBatched { pool, counted, claims, .. } => {
                 let pool = pool.clone();
-                let run = move |wants| fifo_claim_batch(pool.clone(), wants);
+                let statement = if *counted { BENCH_FIFO_COUNTED_CLAIM } else { BENCH_FIFO_CLAIM };
+                let run = move |wants| fifo_claim_batch(pool.clone(), statement, wants);
                 // The baseline keeps no lease to give back: an answer no one reads is dropped.
                 match claims.submit(max, run, |_| async {}).await {
                     Some(answer) => answer.map_err(BenchError::Unexpected),
@@ -136,9 +139,14 @@ impl Runner {
                 let client = pool.get().await?;
                 sql::execute(&client, BENCH_FIFO_COMPLETE, &[&item.id]).await?;
             }
-            Self::FifoBatched { pool, completions, .. } => {
+            Self::FifoBatched { pool, counted, completions, .. } => {
                 let pool = pool.clone();
-                let run = move |ids| fifo_complete_batch(pool.clone(), ids);
+                let statement = if *counted {
+                    BENCH_FIFO_COUNTED_COMPLETE_BATCH
+                } else {
+                    BENCH_FIFO_COMPLETE_BATCH
+                };
+                let run = move |ids| fifo_complete_batch(pool.clone(), statement, ids);
                 match completions.submit(item.id, run, |_| async {}).await {
                     Some(answer) => answer.map_err(BenchError::Unexpected)?,
                     None => return Err(BenchError::Unexpected("a batch was lost".to_owned())),
@@ -168,12 +176,17 @@ impl Runner {
 }
 
 /// One batch of FIFO claims, `wants[i]` items for request i: one statement takes the oldest
-/// ready items for all of them, which are then dealt out in request order.
-async fn fifo_claim_batch(pool: Pool, wants: Vec<usize>) -> Vec<Result<Vec<Claimed>, String>> {
+/// ready items for all of them (by `statement`, which takes how many and returns each item's
+/// id and job), which are then dealt out in request order.
+async fn fifo_claim_batch(
+    pool: Pool,
+    statement: &'static str,
+    wants: Vec<usize>,
+) -> Vec<Result<Vec<Claimed>, String>> {
     let taken = async {
         let client = pool.get().await?;
         let limit = wants.iter().sum::<usize>() as i64;
-        let rows = sql::query(&client, BENCH_FIFO_CLAIM, &[&limit]).await?;
+        let rows = sql::query(&client, statement, &[&limit]).await?;
         rows.iter()
             .map(|row| Ok(Claimed { id: row.try_get(0)?, job: row.try_get(1)?, attempt: 1 }))
             .collect::<Result<Vec<_>, BenchError>>()
@@ -188,11 +201,15 @@ async fn fifo_claim_batch(pool: Pool, wants: Vec<usize>) -> Vec<Result<Vec<Claim
     }
 }
 
-/// One batch of FIFO completions, in one statement.
-async fn fifo_complete_batch(pool: Pool, ids: Vec<i64>) -> Vec<Result<(), String>> {
+/// One batch of FIFO completions, in one `statement`, which takes the items' ids.
+async fn fifo_complete_batch(
+    pool: Pool,
+    statement: &'static str,
+    ids: Vec<i64>,
+) -> Vec<Result<(), String>> {
     let done = async {
         let client = pool.get().await?;
-        sql::execute(&client, BENCH_FIFO_COMPLETE_BATCH, &[&ids]).await?;
+        sql::execute(&client, statement, &[&ids]).await?;
         Ok::<_, BenchError>(())
     }
     .await;
