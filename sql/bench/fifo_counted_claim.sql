@@ -3,18 +3,18 @@
 -- (service_users, whose copies of the owner's count and time move on every row of the user).
 -- Each counter row moves once per statement by the batch's sum, and the choice costs nothing
 -- (oldest first), so this is what any claim that keeps these counters costs at the least.
--- $1 items at most.
+-- $1 items at most, through an array as in fifo_claim.sql.
 WITH item AS (
     UPDATE work_items
        SET status = 'running', attempt = attempt + 1,
            lease_expires_at = now() + interval '5 minutes', updated_at = now()
-     WHERE id IN (
+     WHERE id = ANY (ARRAY(
                SELECT id FROM work_items
                 WHERE status = 'ready'
                 ORDER BY id
                 LIMIT $1
                   FOR UPDATE SKIP LOCKED
-           )
+           ))
     RETURNING id, job_id, step_index, component
 ), steps AS (
     SELECT job_id, step_index, component, count(*)::integer AS claimed, max(id) AS last_id
