@@ -54,7 +54,7 @@ $(KUBECTL):
 	rm -rf target/kubernetes-client && mkdir -p target/kubernetes-client
 	cd target/kubernetes-client && apt-get download kubernetes-client && dpkg-deb -x kubernetes-client_*.deb .
 
-## Measure the broker beside its baselines (about 9 minutes on 2 cores); results in docs/bench/.
+## Measure the broker beside its baselines (about 13 minutes on 2 cores); results in docs/bench/.
 bench:
 	$(CARGO) run --release -- bench --json docs/bench/results.json
 
