@@ -561,6 +561,10 @@ pub enum BenchPath {
     /// claim whose choice is free, a ceiling for the fair claim built on them. Not run unless
     /// named in --paths.
     FifoCounted,
+    /// `fifo_batched` that keeps only the users' queue rows (service_users) the fair order's
+    /// index reads, each row once per batch: the least any claim that keeps an exact
+    /// least-work-in-progress order of users pays. Not run unless named in --paths.
+    FifoUserCounted,
     /// Harmony's documented algorithm: a GROUP BY over user_work per claim.
     HarmonyLeastRunning,
     /// Harmony's production query: a ROW_NUMBER() round robin over user_work per claim.
@@ -603,6 +607,7 @@ impl BenchPath {
             | Self::Fifo
             | Self::FifoBatched
             | Self::FifoCounted
+            | Self::FifoUserCounted
             | Self::HarmonyLeastRunning
             | Self::HarmonyRoundRobin
             | Self::Http
@@ -692,8 +697,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     pub max: u16,
 
-    /// Items per claim of the wide claims: at each of --wide-points, `fair`, `fifo`,
-    /// `fifo_batched` and `fifo_counted` (those of --paths) run again with this --max. 1: none.
+    /// Items per claim of the wide claims: at each of --wide-points, `fair` and the FIFO paths
+    /// (those of --paths) run again with this --max. 1: none.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
     pub wide_max: u16,
 

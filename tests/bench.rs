@@ -62,8 +62,8 @@ const SEVERAL_JOBS_A_USER: &[&str] = &[
 async fn every_path_runs_on_a_seed_of_several_jobs_per_user_and_counters_stay_exact() {
     // Held through the recount below, which reads the database the run left.
     let _only = BENCH_DATABASE.lock().await;
-    let paths = "fair,fifo,fifo_batched,fifo_counted,harmony_least_running,harmony_round_robin,\
-                 http,http_3_brokers";
+    let paths = "fair,fifo,fifo_batched,fifo_counted,fifo_user_counted,harmony_least_running,\
+                 harmony_round_robin,http,http_3_brokers";
     let report = bench(&[SEVERAL_JOBS_A_USER, &["--paths", paths]].concat()).await;
     let runs = report["runs"].as_array().expect("runs");
     let legs: Vec<(&str, i64)> =
@@ -73,13 +73,15 @@ async fn every_path_runs_on_a_seed_of_several_jobs_per_user_and_counters_stay_ex
         "fifo",
         "fifo_batched",
         "fifo_counted",
+        "fifo_user_counted",
         "harmony_least_running",
         "harmony_round_robin",
         "http",
         "http_3_brokers",
     ]
     .map(|path| (path, 1));
-    let wide = ["fair", "fifo", "fifo_batched", "fifo_counted"].map(|path| (path, 8));
+    let wide =
+        ["fair", "fifo", "fifo_batched", "fifo_counted", "fifo_user_counted"].map(|path| (path, 8));
     assert_eq!(legs, [&wide[..], &one[..]].concat(), "the wide claims, then each path");
     for run in runs {
         assert_eq!(run["jobs"], 12, "{run}");
@@ -109,12 +111,53 @@ async fn the_counted_fifo_keeps_the_fair_orders_counters_exact() {
     assert_counters_exact().await;
 }
 
-/// A recount of the database the last run left finds nothing to mend.
-async fn assert_counters_exact() {
+/// The user-counted FIFO, the ceiling for a claim that keeps only the users' queue rows,
+/// really writes them: after claims of one item and of several, across tenants, components and
+/// several jobs per user, every queue row's ready count is its queue's ready items, and its work
+/// in progress its user's running items. (A statement that matched no counter row would leave
+/// the seeded counts, and measure a ceiling that pays for nothing.)
+#[tokio::test]
+async fn the_user_counted_fifo_keeps_the_users_queue_rows_exact() {
+    let _only = BENCH_DATABASE.lock().await;
+    let report = bench(&[SEVERAL_JOBS_A_USER, &["--paths", "fifo_user_counted"]].concat()).await;
+    let runs = report["runs"].as_array().expect("runs");
+    let legs: Vec<i64> = runs.iter().filter_map(|run| run["max"].as_i64()).collect();
+    assert_eq!(legs, [8, 1], "the wide claims, then one item a claim");
+    let db = bench_database().await;
+    let queues = "SELECT su.username, su.component, su.tenant, su.ready_count, su.running_count,
+                         count(wi.id) FILTER (WHERE wi.status = 'ready'
+                                                AND wi.component = su.component
+                                                AND j.tenant = su.tenant)::integer,
+                         count(wi.id) FILTER (WHERE wi.status = 'running')::integer
+                    FROM service_users su
+                    LEFT JOIN jobs j ON j.username = su.username
+                    LEFT JOIN work_items wi ON wi.job_id = j.job_id
+                   GROUP BY su.username, su.component, su.tenant, su.ready_count,
+                            su.running_count";
+    let rows = db.query(queues, &[]).await.expect("queue rows");
+    assert_eq!(rows.len(), 4, "a queue row per user");
+    let mut still_ready = 0;
+    for row in &rows {
+        let (user, component): (String, String) = (row.get(0), row.get(1));
+        let (ready_count, running_count): (i32, i32) = (row.get(3), row.get(4));
+        let (ready, running): (i32, i32) = (row.get(5), row.get(6));
+        assert_eq!((ready_count, running_count), (ready, running), "{user} {component}");
+        still_ready += ready;
+    }
+    assert!(still_ready < 600, "the run's last pass claimed some of the 600 items");
+}
+
+/// A connection to the database `fairway bench` measures in.
+async fn bench_database() -> tokio_postgres::Client {
     let mut config: tokio_postgres::Config =
         server_url().await.parse().expect("DATABASE_URL parses");
     config.dbname("fairway_bench");
-    let db = connect(&config).await;
+    connect(&config).await
+}
+
+/// A recount of the database the last run left finds nothing to mend.
+async fn assert_counters_exact() {
+    let db = bench_database().await;
     let mismatches = db.query(CHECK_CONSISTENCY, &[]).await.expect("recount");
     let rows: Vec<String> = mismatches
         .iter()

@@ -22,7 +22,7 @@ use crate::config::{
 use crate::db::embedded::EmbeddedError;
 use crate::db::{self, DbError};
 use crate::startup::{self, Application, StartupError};
-use paths::Runner;
+use paths::{FifoStatements, Runner};
 use report::{Machine, Report, Run};
 
 const BENCH_DATABASE: &str = "fairway_bench";
@@ -89,11 +89,16 @@ async fn run_matrix(
         metadata: args.paths.iter().any(|path| path.strategy().is_some()),
     };
     // The wide claims run at their points beside the others, on the same seed.
-    let wide: Vec<BenchPath> =
-        [BenchPath::Fair, BenchPath::Fifo, BenchPath::FifoBatched, BenchPath::FifoCounted]
-            .into_iter()
-            .filter(|path| args.wide_max > 1 && args.paths.contains(path))
-            .collect();
+    let wide: Vec<BenchPath> = [
+        BenchPath::Fair,
+        BenchPath::Fifo,
+        BenchPath::FifoBatched,
+        BenchPath::FifoCounted,
+        BenchPath::FifoUserCounted,
+    ]
+    .into_iter()
+    .filter(|path| args.wide_max > 1 && args.paths.contains(path))
+    .collect();
     let matrix = args.matrix();
     let mut points = matrix.clone();
     if !wide.is_empty() {
@@ -256,6 +261,7 @@ async fn run_path(
         BenchPath::Fifo
             | BenchPath::FifoBatched
             | BenchPath::FifoCounted
+            | BenchPath::FifoUserCounted
             | BenchPath::HarmonyLeastRunning
             | BenchPath::HarmonyRoundRobin
     );
@@ -299,23 +305,25 @@ async fn run_path(
             }
             Runner::Http { client: client.build()?, bases }
         }
-        BenchPath::FifoBatched | BenchPath::FifoCounted => {
-            let (lanes, most) = (args.batches.batch_lanes.into(), args.batches.batch_max.into());
-            let counted = path == BenchPath::FifoCounted;
-            // Their statements planned once per connection, as plpgsql keeps the plans of the
-            // broker's claim and endings: planned afresh per batch, they would pay for planning
-            // that `fair` does not.
-            let mut planned_once = config.clone();
-            let options = planned_once.get_options().unwrap_or_default();
-            planned_once.options(format!("{options} -c plan_cache_mode=force_generic_plan"));
-            Runner::FifoBatched {
-                pool: db::pool::connect(planned_once, pool_size(args))?,
-                counted,
-                claims: Batches::new(lanes, most),
-                completions: Batches::new(lanes, most),
+        other => match FifoStatements::of(other) {
+            Some(statements) => {
+                let lanes = args.batches.batch_lanes.into();
+                let most = args.batches.batch_max.into();
+                // Their statements planned once per connection, as plpgsql keeps the plans of
+                // the broker's claim and endings: planned afresh per batch, they would pay for
+                // planning that `fair` does not.
+                let mut planned_once = config.clone();
+                let options = planned_once.get_options().unwrap_or_default();
+                planned_once.options(format!("{options} -c plan_cache_mode=force_generic_plan"));
+                Runner::FifoBatched {
+                    pool: db::pool::connect(planned_once, pool_size(args))?,
+                    statements,
+                    claims: Batches::new(lanes, most),
+                    completions: Batches::new(lanes, most),
+                }
             }
-        }
-        other => Runner::Sql { pool: pool.clone(), path: other },
+            None => Runner::Sql { pool: pool.clone(), path: other },
+        },
     };
     // Half the backlog at most: every user keeps work for the whole run, as in steady state.
     let limits = paths::Limits {

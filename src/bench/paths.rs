@@ -17,8 +17,9 @@ use crate::broker::Broker;
 use crate::config::BenchPath;
 use crate::db::sql::{
     self, Params, BENCH_FIFO_CLAIM, BENCH_FIFO_COMPLETE, BENCH_FIFO_COMPLETE_BATCH,
-    BENCH_FIFO_COUNTED_CLAIM, BENCH_FIFO_COUNTED_COMPLETE_BATCH, BENCH_HARMONY_CLAIM_ITEM,
-    BENCH_HARMONY_COUNT_CLAIM, BENCH_HARMONY_COUNT_COMPLETION, BENCH_HARMONY_LEAST_RUNNING_JOB,
+    BENCH_FIFO_COUNTED_CLAIM, BENCH_FIFO_COUNTED_COMPLETE_BATCH, BENCH_FIFO_USER_COUNTED_CLAIM,
+    BENCH_FIFO_USER_COUNTED_COMPLETE_BATCH, BENCH_HARMONY_CLAIM_ITEM, BENCH_HARMONY_COUNT_CLAIM,
+    BENCH_HARMONY_COUNT_COMPLETION, BENCH_HARMONY_LEAST_RUNNING_JOB,
     BENCH_HARMONY_LEAST_RUNNING_USER, BENCH_HARMONY_ROUND_ROBIN_JOB,
 };
 
@@ -42,10 +43,10 @@ pub enum Runner {
     },
     /// The FIFO claim and completion behind the broker's group commit: each batch of claims
     /// (how many items each wants) is one statement, and so is each batch of completions;
-    /// `counted`, those statements also move the fair order's counters.
+    /// which statements also says which of the fair order's counters they move.
     FifoBatched {
         pool: Pool,
-        counted: bool,
+        statements: FifoStatements,
         claims: Batches<usize, Result<Vec<Claimed>, String>>,
         completions: Batches<i64, Result<(), String>>,
     },
@@ -55,6 +56,28 @@ pub enum Runner {
         client: reqwest::Client,
         bases: Vec<String>,
     },
+}
+
+/// A batched FIFO path's two statements: the claim, which takes how many items and returns
+/// each item's id and job, and the completion, which takes the items' ids.
+pub struct FifoStatements {
+    claim: &'static str,
+    complete: &'static str,
+}
+
+impl FifoStatements {
+    /// The statements of `path`, if it is a batched FIFO path.
+    pub fn of(path: BenchPath) -> Option<Self> {
+        let (claim, complete) = match path {
+            BenchPath::FifoBatched => (BENCH_FIFO_CLAIM, BENCH_FIFO_COMPLETE_BATCH),
+            BenchPath::FifoCounted => (BENCH_FIFO_COUNTED_CLAIM, BENCH_FIFO_COUNTED_COMPLETE_BATCH),
+            BenchPath::FifoUserCounted => {
+                (BENCH_FIFO_USER_COUNTED_CLAIM, BENCH_FIFO_USER_COUNTED_COMPLETE_BATCH)
+            }
+            _ => return None,
+        };
+        Some(Self { claim, complete })
+    }
 }
 
 impl Runner {
@@ -91,9 +114,9 @@ impl Runner {
                     .collect()
             }
             Self::Sql { pool, path } => harmony_claim(pool, *path, max).await,
-            Self::FifoBatched { pool, counted, claims, .. } => {
+            Self::FifoBatched { pool, statements, claims, .. } => {
                 let pool = pool.clone();
-                let statement = if *counted { BENCH_FIFO_COUNTED_CLAIM } else { BENCH_FIFO_CLAIM };
+                let statement = statements.claim;
                 let run = move |wants| fifo_claim_batch(pool.clone(), statement, wants);
                 // The baseline keeps no lease to give back: an answer no one reads is dropped.
                 match claims.submit(max, run, |_| async {}).await {
@@ -139,13 +162,9 @@ impl Runner {
                 let client = pool.get().await?;
                 sql::execute(&client, BENCH_FIFO_COMPLETE, &[&item.id]).await?;
             }
-            Self::FifoBatched { pool, counted, completions, .. } => {
+            Self::FifoBatched { pool, statements, completions, .. } => {
                 let pool = pool.clone();
-                let statement = if *counted {
-                    BENCH_FIFO_COUNTED_COMPLETE_BATCH
-                } else {
-                    BENCH_FIFO_COMPLETE_BATCH
-                };
+                let statement = statements.complete;
                 let run = move |ids| fifo_complete_batch(pool.clone(), statement, ids);
                 match completions.submit(item.id, run, |_| async {}).await {
                     Some(answer) => answer.map_err(BenchError::Unexpected)?,

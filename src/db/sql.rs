@@ -94,6 +94,8 @@ statements! {
     BENCH_FIFO_COMPLETE_BATCH = "bench/fifo_complete_batch";
     BENCH_FIFO_COUNTED_CLAIM = "bench/fifo_counted_claim";
     BENCH_FIFO_COUNTED_COMPLETE_BATCH = "bench/fifo_counted_complete_batch";
+    BENCH_FIFO_USER_COUNTED_CLAIM = "bench/fifo_user_counted_claim";
+    BENCH_FIFO_USER_COUNTED_COMPLETE_BATCH = "bench/fifo_user_counted_complete_batch";
     BENCH_HARMONY_CLAIM_ITEM = "bench/harmony_claim_item";
     BENCH_HARMONY_COUNT_CLAIM = "bench/harmony_count_claim";
     BENCH_HARMONY_COUNT_COMPLETION = "bench/harmony_count_completion";
