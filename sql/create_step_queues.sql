@@ -1,7 +1,10 @@
 -- Makes sure job $1's step $2 has a user_work row for each component in $3, and its user a
 -- service_users row and an actor_queues row per actor path prefix for each, so that counter
 -- changes only ever update rows. The caller holds
--- the user's users row, so the copied counters are current.
+-- the user's users row, so the copied counters are current. A new row's ready_from is the
+-- greatest item id yet: the step's items, inserted after it, come later, and a claim's first
+-- read of them then starts there rather than at the first item of the table, which a plan that
+-- walks the primary key would read through.
 WITH step AS (
     SELECT j.job_id, s.step_index, s.service, j.username, j.is_async, j.tenant, j.actor,
            j.status = 'paused' AS paused,
@@ -12,9 +15,10 @@ WITH step AS (
        AND s.step_index = $2
 ), step_rows AS (
     INSERT INTO user_work (job_id, step_index, component, username, service, is_async, tenant,
-                           actor, paused, has_metadata)
+                           actor, paused, has_metadata, ready_from)
     SELECT step.job_id, step.step_index, c.component, step.username, step.service,
-           step.is_async, step.tenant, step.actor, step.paused, step.has_metadata
+           step.is_async, step.tenant, step.actor, step.paused, step.has_metadata,
+           (SELECT coalesce(max(wi.id), 0) FROM work_items wi)
       FROM step, unnest($3::text[]) AS c(component)
         ON CONFLICT (job_id, step_index, component) DO NOTHING
 ), actor_rows AS (

@@ -1,11 +1,12 @@
 -- Brings every counter in line with freshly seeded or reset work items: the broker's own
 -- (user_work, users, service_users, tenant_queues and its log of changes; seeded jobs have no
--- actor path) and Harmony's, all idle and never worked.
+-- actor path) and Harmony's, all idle and never worked. Each step reads its items from its
+-- first, as a submitted step does (create_step_queues.sql).
 UPDATE jobs SET status = 'accepted';
 UPDATE user_work uw
    SET ready_count = c.ready, running_count = 0, successful_count = 0, failed_count = 0,
-       canceled_count = 0, last_worked = NULL, ready_from = 0
-  FROM (SELECT job_id, step_index, component, count(*)::integer AS ready
+       canceled_count = 0, last_worked = NULL, ready_from = c.first
+  FROM (SELECT job_id, step_index, component, count(*)::integer AS ready, min(id) AS first
           FROM work_items GROUP BY job_id, step_index, component) c
  WHERE (c.job_id, c.step_index, c.component) = (uw.job_id, uw.step_index, uw.component);
 UPDATE users SET running_count = 0, last_worked = NULL;

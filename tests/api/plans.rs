@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use fairway::broker::strategy::Strategy;
 use fairway::db::sql;
 
-use crate::helpers::{default_args, fresh_database, spawn_app_with};
+use crate::helpers::{default_args, fresh_database, spawn_app_with, TestApp};
 
 const TENANTS: i32 = 1_000;
 const USERS: i32 = 10_000;
@@ -704,4 +704,52 @@ async fn pruning_and_listings_are_index_ranges_at_a_million_finished_items() {
             }
         }
     }
+}
+
+/// A new job step reads its ready items from after every item that existed before it, not from
+/// the first item of the table: when the planner walks the primary key for a step's next item
+/// (as it may for a few large jobs), the first claim of a step submitted after a million items
+/// would otherwise read through all of them. A workflow's later steps start the same way.
+#[tokio::test]
+async fn a_new_step_reads_its_items_from_after_everything_before_it() {
+    let app = spawn_app_with(default_args()).await;
+    app.submit_simple("alice", "svc", 50, true).await;
+    let bobs = app
+        .submit(json!({
+            "user": "bob",
+            "is_async": true,
+            "steps": [{ "service": "svc" }, { "service": "later" }],
+            "items": [{ "payload": 1 }, { "payload": 2 }],
+        }))
+        .await;
+    assert_reads_from_its_first_item(&app, bobs, 0).await;
+    // Bob's items, taken in turn with alice's, end and fan out to his second step.
+    let mut ended = 0;
+    while ended < 2 {
+        let item = app.claim("svc").await.expect("an item of svc");
+        if item["job_id"] == bobs.to_string() {
+            app.succeed(&item, json!([{ "part": 1 }])).await;
+            ended += 1;
+        }
+    }
+    assert_reads_from_its_first_item(&app, bobs, 1).await;
+}
+
+/// Step `step` of `job`, none of whose items has been claimed yet, reads from no earlier than
+/// the item created before its first, and no later than its first.
+async fn assert_reads_from_its_first_item(app: &TestApp, job: uuid::Uuid, step: i32) {
+    let bounds = "SELECT uw.ready_from, own.first,
+                         (SELECT max(wi.id) FROM work_items wi WHERE wi.id < own.first)
+                    FROM user_work uw,
+                         LATERAL (SELECT min(wi.id) AS first FROM work_items wi
+                                   WHERE (wi.job_id, wi.step_index) = (uw.job_id, uw.step_index)
+                                 ) own
+                   WHERE (uw.job_id, uw.step_index) = ($1, $2)";
+    let row = app.db.query_one(bounds, &[&job, &step]).await.expect("the step's queue row");
+    let (ready_from, first, before): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    assert!(
+        before <= ready_from && ready_from <= first,
+        "step {step} reads from {ready_from}: not between the item before it, {before}, and its \
+         first, {first}"
+    );
 }
