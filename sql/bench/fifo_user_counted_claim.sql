@@ -18,7 +18,8 @@ WITH item AS (
            ))
     RETURNING id, job_id, component
 ), claimed AS (
-    -- What the batch took from each queue.
+    -- What the batch took from each queue. The benchmark has one service, so a user's queue is
+    -- its (component, tenant).
     SELECT j.username, item.component, j.tenant, count(*)::integer AS items
       FROM item
       JOIN jobs j ON j.job_id = item.job_id

@@ -270,6 +270,12 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
         ("retire_queriers", sql::RETIRE_QUERIERS, "60000".to_owned()),
         ("refresh_job_status", sql::REFRESH_JOB_STATUS, format!("ARRAY['{job}']::uuid[]")),
         ("lock_job_owner", sql::LOCK_JOB_OWNER, format!("'{job}'")),
+        // Submission: a step's queue rows, whose ready_from is read off the primary key's end.
+        (
+            "create_step_queues",
+            sql::CREATE_STEP_QUEUES,
+            format!("'{job}', 0, ARRAY['{component}', 'querier']"),
+        ),
         (
             "list_user_work",
             sql::LIST_USER_WORK,
