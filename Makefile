@@ -16,8 +16,8 @@ KUBECTL ?= target/kubernetes-client/usr/bin/kubectl
 # Where the tests find both.
 TEST_TOOLS = FAIRWAY_TEST_PYTHON=$(abspath $(PYTOOLS))/bin/python FAIRWAY_TEST_KUBECTL=$(abspath $(KUBECTL))
 
-# Test-only code the tests compile in: src/broker/faults.rs.
-TEST_FEATURES := --features fault-injection
+# Test-only code the tests compile in: crates/fairway-broker/src/faults.rs.
+TEST_FEATURES := --features fairway/fault-injection
 
 .PHONY: run test lint bench bench-quick bench-scale demo k8s-validate chaos soak
 
@@ -33,10 +33,10 @@ test: $(PYTOOLS_READY) $(KUBECTL)
 	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || \
 		echo "NOTE: no /usr/bin/chromium or /usr/bin/chromedriver: the dashboard's browser tests will be skipped"
 ifdef DATABASE_URL
-	$(TEST_TOOLS) $(CARGO) test --all-targets $(TEST_FEATURES)
+	$(TEST_TOOLS) $(CARGO) test --workspace --all-targets $(TEST_FEATURES)
 else
 	$(CARGO) build --bin fairway
-	$(TEST_TOOLS) ./target/debug/fairway postgres --data-dir $(TEST_PG_DATA) --ephemeral -- $(CARGO) test --all-targets $(TEST_FEATURES)
+	$(TEST_TOOLS) ./target/debug/fairway postgres --data-dir $(TEST_PG_DATA) --ephemeral -- $(CARGO) test --workspace --all-targets $(TEST_FEATURES)
 endif
 
 ## Render and validate each overlay in k8s/ (the tests do this too, and check it against the binary).
@@ -93,8 +93,8 @@ soak:
 ## What CI checks besides the tests.
 lint:
 	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets -- -D warnings
-	$(CARGO) clippy --all-targets $(TEST_FEATURES) -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets $(TEST_FEATURES) -- -D warnings
 	$(CARGO) check --tests --features containers
 
 ## Fair sharing, shown: a broker on a throwaway cluster, worker pods, and three users arriving

@@ -1,14 +1,77 @@
+//! The one `fairway` binary: parses the command line and hands each subcommand to the crate
+//! that owns it (see the crate map in README.md).
+
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::Parser;
-use fairway::config::{Cli, Command, LogFormat, ServeArgs};
-use fairway::db::embedded;
-use fairway::startup::Application;
+use clap::{Args, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
+
+use fairway_bench::args::BenchArgs;
+use fairway_chaos::args::{ChaosArgs, ChaosDriveArgs};
+use fairway_client::args::{AdminArgs, DemoArgs, SubmitArgs, WorkerArgs};
+use fairway_devdb::{DatabaseArgs, PostgresArgs};
+use fairway_server::config::ServeArgs;
+use fairway_server::startup::Application;
 
 /// The database the private server holds the broker's tables in.
 const EMBEDDED_DATABASE: &str = "fairway";
+
+#[derive(Debug, Parser)]
+#[command(name = "fairway", version, about = "A fair-queueing work broker on PostgreSQL")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+
+    /// How log lines are written to standard output: `text`, for people (coloured only on a
+    /// terminal), or `json`, one object per line, for a cluster's log collector.
+    #[arg(long, global = true, env = "FAIRWAY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the broker's HTTP server.
+    Serve(ServeCommand),
+    /// Start the private PostgreSQL server, run COMMAND with DATABASE_URL pointing at it, then
+    /// stop the server (and, with --ephemeral, delete its data directory).
+    Postgres(PostgresArgs),
+    /// Measure claim throughput, latency and fairness of the broker beside baseline claim
+    /// paths, on a freshly seeded database, and write the results.
+    Bench(BenchArgs),
+    /// Look into and steer a running broker over its HTTP API.
+    Admin(AdminArgs),
+    /// Submit a job to a running broker.
+    Submit(SubmitArgs),
+    /// Serve a service by running a command per work item: any executable becomes a worker.
+    Worker(WorkerArgs),
+    /// Show fair sharing on a running broker: three users arrive one after another while
+    /// `fairway worker` pods serve them, and each user's share of the workers is drawn as SVG.
+    Demo(DemoArgs),
+    /// Test tooling: the fault suite (`make chaos`) or, with --soak, the steady-load soak run
+    /// (`make soak`). See docs/reliability.md.
+    #[command(hide = true)]
+    Chaos(ChaosArgs),
+    /// Test tooling: the fault suite's worker process, which `fairway chaos` starts.
+    #[command(hide = true, name = "chaos-drive")]
+    ChaosDrive(ChaosDriveArgs),
+}
+
+/// `fairway serve`: where the database is, and how the broker runs on it.
+#[derive(Debug, Args)]
+struct ServeCommand {
+    #[command(flatten)]
+    database: DatabaseArgs,
+
+    #[command(flatten)]
+    serve: ServeArgs,
+}
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -23,23 +86,27 @@ async fn main() -> ExitCode {
         LogFormat::Json => logs.json().flatten_event(true).with_current_span(false).init(),
     }
     let outcome = match cli.command {
-        Command::Serve(args) => serve(args).await,
-        Command::Bench(args) => fairway::bench::run(args).await.map_err(|error| error.to_string()),
-        Command::Postgres(args) => match embedded::run_command_with_postgres(&args).await {
+        Command::Serve(command) => serve(command).await,
+        Command::Bench(args) => fairway_bench::run(args).await.map_err(|error| error.to_string()),
+        Command::Postgres(args) => match fairway_devdb::run_command_with_postgres(&args).await {
             Ok(code) => return ExitCode::from(u8::try_from(code).unwrap_or(1)),
             Err(error) => Err(error.to_string()),
         },
-        Command::Admin(args) => fairway::cli::admin(args).await.map_err(|error| error.to_string()),
+        Command::Admin(args) => {
+            fairway_client::cli::admin(args).await.map_err(|error| error.to_string())
+        }
         Command::Submit(args) => {
-            fairway::cli::submit(args).await.map_err(|error| error.to_string())
+            fairway_client::cli::submit(args).await.map_err(|error| error.to_string())
         }
         Command::Worker(args) => {
-            fairway::cli::worker(args).await.map_err(|error| error.to_string())
+            fairway_client::cli::worker(args).await.map_err(|error| error.to_string())
         }
-        Command::Demo(args) => fairway::cli::demo(args).await.map_err(|error| error.to_string()),
-        Command::Chaos(args) => fairway::chaos::run(args).await.map_err(|error| error.to_string()),
+        Command::Demo(args) => {
+            fairway_client::cli::demo(args).await.map_err(|error| error.to_string())
+        }
+        Command::Chaos(args) => fairway_chaos::run(args).await.map_err(|error| error.to_string()),
         Command::ChaosDrive(args) => {
-            fairway::chaos::drive(args).await.map_err(|error| error.to_string())
+            fairway_chaos::drive(args).await.map_err(|error| error.to_string())
         }
     };
     match outcome {
@@ -51,11 +118,11 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn serve(args: ServeArgs) -> Result<(), String> {
-    let (database, private_server) =
-        fairway::db::connect_or_start(&args.database, EMBEDDED_DATABASE)
-            .await
-            .map_err(|error| error.to_string())?;
+async fn serve(command: ServeCommand) -> Result<(), String> {
+    let ServeCommand { database, serve: args } = command;
+    let (database, private_server) = fairway_devdb::connect_or_start(&database, EMBEDDED_DATABASE)
+        .await
+        .map_err(|error| error.to_string())?;
     let served = async {
         let app = Application::build(&args, database).await.map_err(|error| error.to_string())?;
         tracing::info!(address = %args.bind, "fairway is serving");
@@ -68,4 +135,16 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         }
     }
     served
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    #[test]
+    fn every_flag_is_well_formed_and_unique() {
+        Cli::command().debug_assert();
+    }
 }

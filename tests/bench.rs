@@ -7,8 +7,8 @@
 //! tests, some of which judge how evenly work was shared.
 
 use clap::Parser;
-use fairway::config::{Cli, Command};
-use fairway::db::sql::CHECK_CONSISTENCY;
+use fairway_bench::args::BenchArgs;
+use fairway_broker::db::sql::CHECK_CONSISTENCY;
 use serde_json::Value;
 
 // Only the connection helpers are used here.
@@ -17,6 +17,13 @@ use serde_json::Value;
 mod helpers;
 
 use helpers::{connect, server_url};
+
+/// `fairway bench`'s flags, parsed as the binary parses them.
+#[derive(Parser)]
+struct BenchCli {
+    #[command(flatten)]
+    args: BenchArgs,
+}
 
 /// Every run recreates the one database `fairway bench` measures in: one run at a time.
 static BENCH_DATABASE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -29,11 +36,11 @@ async fn bench(flags: &[&str]) -> Value {
     let dir = std::env::temp_dir().join(format!("fairway-bench-{}", uuid::Uuid::new_v4()));
     let json = dir.join("results.json");
     let path = json.to_str().expect("a UTF-8 path");
-    let common = ["fairway", "bench", "--database-url", &url, "--json", path, "--duration", "1s"];
+    let common = ["fairway-bench", "--database-url", &url, "--json", path, "--duration", "1s"];
     let rest = ["--wakeup-trials", "0", "--competing-tenants", "0"];
-    let cli = Cli::parse_from(common.iter().chain(&rest).chain(flags));
-    let Command::Bench(args) = cli.command else { panic!("parsed as bench") };
-    fairway::bench::run(args).await.expect("every path ran without error");
+    let cli = BenchCli::parse_from(common.iter().chain(&rest).chain(flags));
+    let args = cli.args;
+    fairway_bench::run(args).await.expect("every path ran without error");
     let text = std::fs::read_to_string(&json).expect("results");
     let _ = std::fs::remove_dir_all(dir);
     serde_json::from_str(&text).expect("JSON")

@@ -1,20 +1,20 @@
-//! Authentication and authorization (README, "Security"): every route × every role × in and
+//! Authentication and authorization (docs/security.md): every route × every role × in and
 //! out of scope, from one table; a worker's reports on another token's items; revocation,
 //! expiry, storage as hashes, the 401 challenge, the refused open bind and the CLI.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use fairway::config::{AuthArgs, ServeArgs};
-use fairway::startup::{Application, StartupError};
+use fairway_server::config::{AuthArgs, ServeArgs};
+use fairway_server::startup::{Application, StartupError};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::helpers::{
-    auth_args, default_args, fresh_database, spawn_app, spawn_app_with, spawn_app_with_auth,
-    spawn_broker, TestApp, ADMIN_TOKEN,
+    auth_args, fresh_database, spawn_app, spawn_app_with, spawn_app_with_auth, spawn_broker,
+    TestApp, ADMIN_TOKEN,
 };
 
 /// Who a request comes from.
@@ -330,14 +330,14 @@ async fn the_table_has_a_row_for_every_route_of_the_openapi_document() {
     // The broker's own table agrees with this one on who may call what.
     for (method, path, roles, _) in ROUTES {
         let method = actix_web::http::Method::from_bytes(method.as_bytes()).expect("method");
-        let access = fairway::http::auth::access(&method, Some(path), false);
+        let access = fairway_server::auth::access(&method, Some(path), false);
         let expected = match *roles {
             "open" => "open".to_owned(),
             roles => roles.to_owned(),
         };
         let actual = match access {
-            fairway::http::auth::Access::Open => "open".to_owned(),
-            fairway::http::auth::Access::Roles(roles) => {
+            fairway_server::auth::Access::Open => "open".to_owned(),
+            fairway_server::auth::Access::Roles(roles) => {
                 let mut names: Vec<&str> = roles.iter().map(|role| role.as_str()).collect();
                 let order = ["admin", "reader", "producer", "worker"];
                 names.sort_by_key(|name| order.iter().position(|o| o == name));
@@ -508,7 +508,7 @@ async fn a_non_loopback_bind_needs_auth_or_insecure_no_auth() {
     let wide = |auth: AuthArgs| ServeArgs {
         bind: "0.0.0.0:0".parse().expect("address"),
         auth,
-        ..default_args()
+        ..ServeArgs::for_tests()
     };
     let refused = Application::build(&wide(AuthArgs::default()), fresh_database().await).await;
     assert!(matches!(refused, Err(StartupError::NoAuth { .. })), "{:?}", refused.err());
@@ -527,7 +527,7 @@ async fn the_first_token_turns_auth_on_for_every_broker() {
     // No token: loopback, auth off, everything answers without one.
     let args = || ServeArgs {
         auth: AuthArgs { auth_cache_ttl: Duration::from_millis(200), ..AuthArgs::default() },
-        ..default_args()
+        ..ServeArgs::for_tests()
     };
     let first = spawn_app_with(args()).await;
     let second = spawn_broker(args(), first.config.clone()).await;

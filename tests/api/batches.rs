@@ -6,7 +6,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use fairway::db::sql;
+use fairway_broker::db::sql;
 
 use crate::helpers::{spawn_app, TestApp};
 

@@ -4,12 +4,12 @@
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use fairway::config::ServeArgs;
+use fairway_server::config::ServeArgs;
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 use uuid::Uuid;
 
-use crate::helpers::{default_args, spawn_app, spawn_app_with, TestApp};
+use crate::helpers::{spawn_app, spawn_app_with, TestApp};
 
 fn fairway(app: &TestApp) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_fairway"));
@@ -187,7 +187,7 @@ async fn a_worker_runs_its_command_per_item_and_reports_the_results() {
 
 #[tokio::test]
 async fn a_failing_command_fails_its_item_with_the_end_of_its_stderr() {
-    let args = ServeArgs { max_retries: 1, ..default_args() };
+    let args = ServeArgs { max_retries: 1, ..ServeArgs::for_tests() };
     let app = spawn_app_with(args).await;
     let job = app.submit_simple("alice", "broken", 1, true).await;
     let mut child = worker(&app, "broken", &[], "cat > /dev/null; echo 'disk full' >&2; exit 3");
@@ -206,7 +206,7 @@ async fn a_failing_command_fails_its_item_with_the_end_of_its_stderr() {
 
 #[tokio::test]
 async fn sigterm_stops_taking_work_and_finishes_what_the_worker_holds() {
-    let args = ServeArgs { lease: Duration::from_secs(2), ..default_args() };
+    let args = ServeArgs { lease: Duration::from_secs(2), ..ServeArgs::for_tests() };
     let app = spawn_app_with(args).await;
     let job = app.submit_simple("alice", "slow", 2, true).await;
     // Outlives the lease: only heartbeats keep the item this worker's.
@@ -235,7 +235,7 @@ async fn the_worker_heartbeats_within_a_short_first_lease() {
     let args = ServeArgs {
         first_lease: Duration::from_secs(2),
         reap_interval: Duration::from_millis(50),
-        ..default_args()
+        ..ServeArgs::for_tests()
     };
     let app = spawn_app_with(args).await;
     let job = app.submit_simple("alice", "slow", 1, true).await;

@@ -1,12 +1,13 @@
 //! Many concurrent workers, over HTTP, against two broker processes sharing one database.
 
+use fairway_server::config::ServeArgs;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use crate::helpers::{default_args, spawn_app, spawn_broker, TestApp};
+use crate::helpers::{spawn_app, spawn_broker, TestApp};
 
 const CLAIMERS: usize = 64;
 const USERS: usize = 20;
@@ -44,7 +45,7 @@ fn success(item: &Value) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_claimers_on_two_brokers_get_each_item_exactly_once() {
     let first = spawn_app().await;
-    let second = spawn_broker(default_args(), first.config.clone()).await;
+    let second = spawn_broker(ServeArgs::for_tests(), first.config.clone()).await;
     let mut jobs = Vec::new();
     for user in 0..USERS {
         jobs.push(
@@ -176,7 +177,7 @@ fn every_way(item: &Value) -> Value {
 async fn batches_of_every_kind_of_ending_keep_the_counters_exact() {
     const WORKERS: usize = 16;
     let first = spawn_app().await;
-    let second = spawn_broker(default_args(), first.config.clone()).await;
+    let second = spawn_broker(ServeArgs::for_tests(), first.config.clone()).await;
     let items = |count: usize| (0..count).map(|n| json!({ "payload": { "n": n } })).collect();
     let mut jobs = Vec::new();
     for user in 0..4 {

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fairway::config::ServeArgs;
+use fairway_server::config::ServeArgs;
 use tokio::process::Command;
 
 use crate::helpers::{auth_args, spawn_app, spawn_app_with, ADMIN_TOKEN};

@@ -1,16 +1,17 @@
 //! Deadlocks inside the broker's transactions, forced for real (cargo feature
-//! `fault-injection`, src/broker/faults.rs): the broker's transaction and a second session take
+//! `fault-injection`, crates/fairway-broker/src/faults.rs): the broker's transaction and a second session take
 //! two locks in opposite order, and PostgreSQL's deadlock detector aborts the broker's with
 //! 40P01. A transient one is retried and the request succeeds; one that lasts is 503 with
 //! Retry-After, and changes nothing.
 
+use fairway_server::config::ServeArgs;
 use futures_util::future::join_all;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{default_args, spawn_app, spawn_app_with};
+use crate::helpers::{spawn_app, spawn_app_with};
 use crate::metrics::scrape;
-use fairway::broker::faults::Point;
+use fairway_broker::faults::Point;
 
 const RETRIES: &str = "fairway_transaction_retries_total";
 const EXHAUSTED: &str = "fairway_transaction_retries_exhausted_total";
@@ -38,7 +39,7 @@ async fn a_transient_deadlock_in_a_status_update_is_retried_and_counted() {
 
 #[tokio::test]
 async fn a_deadlocked_batch_runs_again_whole_for_all_its_endings() {
-    let mut args = default_args();
+    let mut args = ServeArgs::for_tests();
     args.batches.batch_lanes = 1;
     let app = spawn_app_with(args).await;
     let job = app

@@ -4,13 +4,14 @@
 //! (environment variables, probe paths and ports, metrics) is what `fairway serve` reads, serves
 //! and exports.
 
+use fairway_server::config::ServeArgs;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::helpers::{default_args, spawn_app_with, TestApp};
+use crate::helpers::{spawn_app_with, TestApp};
 use crate::metrics::{scrape_until, Scrape};
 
 const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
@@ -88,7 +89,7 @@ fn has_series(scraped: &Scrape, name: &str, labels: &[(String, String)]) -> bool
 /// A broker with ready items of service `example`, the one the example worker serves, where
 /// an item was claimed and finished and a lease expired, so that every metric has a series.
 async fn example_broker() -> (TestApp, Scrape) {
-    let mut args = default_args();
+    let mut args = ServeArgs::for_tests();
     args.metrics.metrics_refresh = Duration::ZERO;
     args.lease = Duration::from_millis(300);
     args.reap_interval = Duration::from_millis(100);
@@ -220,7 +221,7 @@ async fn each_overlay_validates_and_names_what_the_broker_reads_serves_and_expor
         );
 
         // Bound to 0.0.0.0, the broker needs auth: its admin token comes from a Secret, as the
-        // worker's and the consistency check's tokens do (README, "Security").
+        // worker's and the consistency check's tokens do (docs/security.md).
         let secret_of = |env: &Value, name: &str| {
             env.as_array()
                 .into_iter()
@@ -292,10 +293,16 @@ async fn the_dockerfile_runs_the_broker_the_manifests_expect() {
     let manifest: String =
         std::fs::read_to_string(format!("{MANIFEST_DIR}/Cargo.toml")).expect("Cargo.toml");
     let stubs =
-        dockerfile.lines().find(|l| l.contains("touch src/lib.rs")).expect("the stubs' line");
+        dockerfile.lines().find(|l| l.contains("touch tests/")).expect("the test stubs' line");
     for path in manifest.lines().filter_map(|l| l.strip_prefix("path = ")) {
         let path = path.trim_matches('"');
         assert!(stubs.contains(path), "the Dockerfile's dependency layer has no stub for {path}");
+    }
+    let crates = std::fs::read_dir(format!("{MANIFEST_DIR}/crates")).expect("crates/");
+    for entry in crates {
+        let name = entry.expect("a crate").file_name().into_string().expect("a UTF-8 name");
+        let copy = format!("COPY crates/{name}/Cargo.toml crates/{name}/");
+        assert!(dockerfile.contains(&copy), "the dependency layer does not copy {name}'s manifest");
     }
     let version = |text: &str, key: &str| {
         text.split(key).nth(1).and_then(|rest| {

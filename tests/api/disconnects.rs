@@ -2,15 +2,16 @@
 //! when the connection does, so it claims nothing, and an item its claim took while the client
 //! was leaving goes back at once, its attempt not counted, rather than wait out the lease.
 
+use fairway_server::config::ServeArgs;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::helpers::{default_args, spawn_app_with, TestApp};
+use crate::helpers::{spawn_app_with, TestApp};
 
-/// The bound the README promises for an item claimed for a vanished long poll.
+/// The bound docs/api.md promises for an item claimed for a vanished long poll.
 const BOUND: Duration = Duration::from_secs(10);
 
 /// Starts a long poll for `svc` on a raw connection, as `querier`, and returns the connection.
@@ -37,8 +38,8 @@ async fn claim_within_bound(app: &TestApp, svc: &str) -> (Value, Duration) {
     (item, started.elapsed())
 }
 
-fn args() -> fairway::config::ServeArgs {
-    let mut args = default_args();
+fn args() -> fairway_server::config::ServeArgs {
+    let mut args = ServeArgs::for_tests();
     // The default lease: the item must not come back by its expiry.
     args.lease = Duration::from_secs(300);
     args
@@ -71,7 +72,7 @@ async fn a_long_poll_whose_client_left_claims_nothing() {
 #[cfg(feature = "fault-injection")]
 #[tokio::test]
 async fn an_item_claimed_while_its_client_left_is_released_without_an_attempt() {
-    use fairway::broker::faults::Point;
+    use fairway_broker::faults::Point;
 
     let app = spawn_app_with(args()).await;
     let svc = "vanishing";

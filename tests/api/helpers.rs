@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
-use fairway::config::{
-    AuthArgs, BatchArgs, DatabaseArgs, MetricsArgs, PruneArgs, ServeArgs, VacuumArgs,
-};
-use fairway::startup::Application;
+use fairway_server::config::{AuthArgs, ServeArgs};
+use fairway_server::startup::Application;
 use reqwest::{Response, StatusCode};
 use serde_json::{json, Value};
 use tokio::sync::OnceCell;
@@ -79,7 +77,7 @@ pub async fn connect(config: &tokio_postgres::Config) -> tokio_postgres::Client 
 
 /// A name for the template that changes whenever the schema does (a migration or a function).
 fn template_name() -> String {
-    format!("fairway_template_{}", &fairway::db::migrations::digest()[..16])
+    format!("fairway_template_{}", &fairway_broker::db::migrations::digest()[..16])
 }
 
 async fn template(url: &str) -> &'static str {
@@ -98,8 +96,9 @@ async fn template(url: &str) -> &'static str {
                     .batch_execute(&format!("CREATE DATABASE \"{name}\""))
                     .await
                     .expect("create template");
-                let pool = fairway::db::pool::connect(with_dbname(url, &name), 1).expect("pool");
-                fairway::db::migrations::run(&pool).await.expect("migrate template");
+                let pool =
+                    fairway_broker::db::pool::connect(with_dbname(url, &name), 1).expect("pool");
+                fairway_broker::db::migrations::run(&pool).await.expect("migrate template");
                 pool.close();
             }
             admin
@@ -133,42 +132,10 @@ async fn create_database(url: &str, options: &str) -> tokio_postgres::Config {
     with_dbname(url, &name)
 }
 
-/// Broker settings a test may change before spawning.
-pub fn default_args() -> ServeArgs {
-    ServeArgs {
-        bind: "127.0.0.1:0".parse().expect("address"),
-        database: DatabaseArgs {
-            url: None,
-            data_dir: None,
-            pg_bin: None,
-            no_embedded_postgres: false,
-            pool_size: 40,
-        },
-        lease: Duration::from_secs(300),
-        first_lease: Duration::ZERO,
-        max_retries: 3,
-        reap_interval: Duration::from_secs(1),
-        querier_forget_delay: Duration::from_secs(60),
-        shutdown_timeout: Duration::from_secs(20),
-        max_body_bytes: 1024 * 1024,
-        long_poll_max: Duration::from_secs(60),
-        batches: BatchArgs { batch_lanes: 1, batch_max: 32 },
-        // Off, so that no test's plans or statistics move under it; tests/api/plans.rs runs it.
-        vacuum: VacuumArgs { vacuum_interval: Duration::ZERO },
-        // Off, so that no test's jobs go under it; tests/api/pruning.rs prunes when it means to.
-        prune: PruneArgs { retention: Duration::ZERO, prune_interval: Duration::from_secs(60) },
-        metrics: MetricsArgs {
-            metrics_refresh: Duration::from_secs(5),
-            metrics_tenant_label: false,
-        },
-        auth: AuthArgs::default(),
-    }
-}
-
 /// The bootstrap admin token (FAIRWAY_ADMIN_TOKEN) of brokers spawned with auth.
 pub const ADMIN_TOKEN: &str = "fw_test-admin-0123456789abcdef0123456789abcdef";
 
-/// `default_args` with auth on: FAIRWAY_ADMIN_TOKEN set, and a one-second token cache, so
+/// `ServeArgs::for_tests()` with auth on: FAIRWAY_ADMIN_TOKEN set, and a one-second token cache, so
 /// that a revocation shows quickly.
 pub fn auth_args() -> ServeArgs {
     ServeArgs {
@@ -177,7 +144,7 @@ pub fn auth_args() -> ServeArgs {
             auth_cache_ttl: Duration::from_secs(1),
             ..AuthArgs::default()
         },
-        ..default_args()
+        ..ServeArgs::for_tests()
     }
 }
 
@@ -191,14 +158,14 @@ pub struct TestApp {
     /// The bearer token the helpers send: the admin token of a broker spawned with auth.
     pub token: Option<String>,
     /// The broker behind `address`, for what a test runs in-process (a pruning pass).
-    pub broker: fairway::broker::Broker,
+    pub broker: fairway_broker::Broker,
     pub http: reqwest::Client,
     pub db: tokio_postgres::Client,
     pub config: tokio_postgres::Config,
 }
 
 pub async fn spawn_app() -> TestApp {
-    spawn_app_with(default_args()).await
+    spawn_app_with(ServeArgs::for_tests()).await
 }
 
 pub async fn spawn_app_with(args: ServeArgs) -> TestApp {

@@ -1,14 +1,15 @@
 //! Failures, retries, heartbeats and expired leases.
 
+use fairway_server::config::ServeArgs;
 use std::time::Duration;
 
 use serde_json::json;
 
-use crate::helpers::{default_args, spawn_app, spawn_app_with};
+use crate::helpers::{spawn_app, spawn_app_with};
 
 #[tokio::test]
 async fn a_retryable_failure_is_retried_until_the_limit() {
-    let mut args = default_args();
+    let mut args = ServeArgs::for_tests();
     args.max_retries = 2;
     let app = spawn_app_with(args).await;
     let job = app.submit_simple("alice", "svc", 1, true).await;
@@ -50,7 +51,7 @@ async fn a_non_retryable_failure_fails_at_once() {
 
 #[tokio::test]
 async fn an_expired_lease_is_reclaimed_and_the_stale_worker_is_refused() {
-    let mut args = default_args();
+    let mut args = ServeArgs::for_tests();
     // Long enough that the second lease outlives the checks below on a loaded machine.
     args.lease = Duration::from_secs(2);
     args.reap_interval = Duration::from_millis(50);
@@ -98,7 +99,7 @@ async fn an_expired_lease_is_reclaimed_and_the_stale_worker_is_refused() {
 /// every item back once, each with its attempt counted, whatever transaction it fell in.
 #[tokio::test]
 async fn a_reaper_pass_ends_every_expired_lease_of_a_dead_pod() {
-    let mut args = default_args();
+    let mut args = ServeArgs::for_tests();
     // The pass below is the only one.
     args.reap_interval = Duration::from_secs(3600);
     let app = spawn_app_with(args).await;

@@ -27,3 +27,4 @@ mod strategies;
 mod tenants;
 mod validation;
 mod workflow;
+mod workspace;

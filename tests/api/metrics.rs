@@ -2,6 +2,7 @@
 //! `make test` sets up under target/), as items are submitted, claimed, finished, paused and
 //! canceled.
 
+use fairway_server::config::ServeArgs;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -10,7 +11,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
 
-use crate::helpers::{default_args, spawn_app_with, spawn_broker, TestApp};
+use crate::helpers::{spawn_app_with, spawn_broker, TestApp};
 
 #[derive(Debug, Deserialize)]
 pub struct Sample {
@@ -105,7 +106,7 @@ fn pairs<'a>(labels: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str
 
 #[tokio::test]
 async fn metrics_follow_items_through_their_lives() {
-    let mut args = default_args();
+    let mut args = ServeArgs::for_tests();
     // Every scrape reads the database again, so that each step below shows at once.
     args.metrics.metrics_refresh = Duration::ZERO;
     let app = spawn_app_with(args).await;
@@ -223,7 +224,7 @@ async fn metrics_follow_items_through_their_lives() {
 
 #[tokio::test]
 async fn an_expired_lease_is_counted() {
-    let mut args = default_args();
+    let mut args = ServeArgs::for_tests();
     args.lease = Duration::from_millis(200);
     args.reap_interval = Duration::from_millis(100);
     let app = spawn_app_with(args).await;
@@ -241,7 +242,7 @@ async fn an_expired_lease_is_counted() {
 
 #[tokio::test]
 async fn the_tenant_label_is_the_operators_choice() {
-    let mut args = default_args();
+    let mut args = ServeArgs::for_tests();
     args.metrics.metrics_refresh = Duration::ZERO;
     args.metrics.metrics_tenant_label = true;
     let app = spawn_app_with(args).await;
@@ -266,7 +267,7 @@ async fn the_tenant_label_is_the_operators_choice() {
 /// --metrics-refresh: a second broker reads the snapshot the first one took.
 #[tokio::test]
 async fn brokers_share_one_snapshot_per_refresh() {
-    let mut args = default_args();
+    let mut args = ServeArgs::for_tests();
     args.metrics.metrics_refresh = Duration::from_secs(3600);
     let first = spawn_app_with(args.clone()).await;
     let scraped = scrape(&first).await;

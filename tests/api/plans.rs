@@ -3,15 +3,16 @@
 //! every statement a claim or a status update runs is index probes, never a scan of the
 //! backlog or of the users, and never a sort; so is the operators' user_work listing.
 
+use fairway_server::config::ServeArgs;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use fairway::broker::strategy::Strategy;
-use fairway::db::sql;
+use fairway_api::strategy::Strategy;
+use fairway_broker::db::sql;
 
-use crate::helpers::{default_args, fresh_database, spawn_app_with, TestApp};
+use crate::helpers::{fresh_database, spawn_app_with, TestApp};
 
 const TENANTS: i32 = 1_000;
 const USERS: i32 = 10_000;
@@ -527,7 +528,7 @@ async fn items_are_addressed_by_primary_key_while_statistics_lag() {
 /// vacuum clears them on its cadence, without waiting for autovacuum.
 #[tokio::test]
 async fn the_broker_vacuums_the_dead_rows_claims_leave_in_the_fair_order() {
-    let mut args = default_args();
+    let mut args = ServeArgs::for_tests();
     args.vacuum.vacuum_interval = Duration::from_millis(100);
     let app = spawn_app_with(args).await;
     app.submit_simple("alice", "svc", 40, true).await;
@@ -718,7 +719,7 @@ async fn pruning_and_listings_are_index_ranges_at_a_million_finished_items() {
 /// would otherwise read through all of them. A workflow's later steps start the same way.
 #[tokio::test]
 async fn a_new_step_reads_its_items_from_after_everything_before_it() {
-    let app = spawn_app_with(default_args()).await;
+    let app = spawn_app_with(ServeArgs::for_tests()).await;
     app.submit_simple("alice", "svc", 50, true).await;
     let bobs = app
         .submit(json!({

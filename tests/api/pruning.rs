@@ -4,11 +4,11 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use fairway::config::{PruneArgs, ServeArgs};
+use fairway_server::config::{PruneArgs, ServeArgs};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::helpers::{default_args, spawn_app, spawn_app_with, spawn_broker, TestApp};
+use crate::helpers::{spawn_app, spawn_app_with, spawn_broker, TestApp};
 
 const RETENTION: Duration = Duration::from_secs(3600);
 
@@ -115,7 +115,7 @@ async fn pruning_removes_exactly_the_jobs_finished_before_the_cutoff() {
 #[tokio::test]
 async fn the_pruner_runs_every_prune_interval_past_the_retention() {
     let prune = PruneArgs { retention: RETENTION, prune_interval: Duration::from_millis(100) };
-    let app = spawn_app_with(ServeArgs { prune, ..default_args() }).await;
+    let app = spawn_app_with(ServeArgs { prune, ..ServeArgs::for_tests() }).await;
     let old = finished_job(&app, "alice").await;
     let recent = finished_job(&app, "alice").await;
     backdate(&app, old).await;
@@ -132,7 +132,7 @@ async fn the_pruner_runs_every_prune_interval_past_the_retention() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_brokers_pruning_at_once_neither_deadlock_nor_delete_a_job_twice() {
     let first = spawn_app().await;
-    let second = spawn_broker(default_args(), first.config.clone()).await;
+    let second = spawn_broker(ServeArgs::for_tests(), first.config.clone()).await;
     let mut jobs = BTreeSet::new();
     for n in 0..300 {
         let job = first.submit_simple(&format!("user-{}", n % 7), "svc", 5, true).await;

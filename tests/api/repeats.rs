@@ -2,11 +2,12 @@
 //! same answer and changes nothing, whichever broker it reaches; a different update to a
 //! finished attempt is still a conflict.
 
+use fairway_server::config::ServeArgs;
 use futures_util::future::join_all;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{default_args, spawn_app, spawn_app_with, spawn_broker, TestApp};
+use crate::helpers::{spawn_app, spawn_app_with, spawn_broker, TestApp};
 use crate::metrics::scrape;
 
 /// Sends `body` as the report on `item` and returns the status code and the answer.
@@ -25,7 +26,7 @@ async fn finished(app: &TestApp, service: &str, status: &str) -> f64 {
 #[tokio::test]
 async fn a_repeated_success_gets_the_same_answer_from_either_broker_and_changes_nothing() {
     let app = spawn_app().await;
-    let other = spawn_broker(default_args(), app.config.clone()).await;
+    let other = spawn_broker(ServeArgs::for_tests(), app.config.clone()).await;
     let job = app
         .submit(json!({
             "user": "alice",
@@ -106,7 +107,7 @@ async fn a_different_update_to_a_finished_attempt_is_still_a_conflict() {
 #[tokio::test]
 async fn a_repeated_retryable_failure_answers_ready_even_once_the_item_went_again() {
     let app = spawn_app().await;
-    let other = spawn_broker(default_args(), app.config.clone()).await;
+    let other = spawn_broker(ServeArgs::for_tests(), app.config.clone()).await;
     let job = app.submit_simple("alice", "svc", 1, true).await;
     let item = app.claim("svc").await.expect("item");
     let failure = json!({ "status": "failed", "attempt": 1, "error": "flaky" });
@@ -139,10 +140,10 @@ async fn a_repeated_retryable_failure_answers_ready_even_once_the_item_went_agai
 
 #[tokio::test]
 async fn many_identical_repeats_racing_on_two_brokers_end_the_attempt_once() {
-    let mut args = default_args();
+    let mut args = ServeArgs::for_tests();
     args.batches.batch_lanes = 4;
     let app = spawn_app_with(args).await;
-    let other = spawn_broker(default_args(), app.config.clone()).await;
+    let other = spawn_broker(ServeArgs::for_tests(), app.config.clone()).await;
     let job = app
         .submit(json!({
             "user": "alice",

@@ -1,8 +1,8 @@
 //! The schema as the broker installs it: migrations hold the tables, `sql/functions/` holds
 //! every server function, and the database can differ from neither.
 
-use fairway::db::functions::{self, FILES, REVISION};
-use fairway::db::{migrations, pool, DbError};
+use fairway_broker::db::functions::{self, FILES, REVISION};
+use fairway_broker::db::{migrations, pool, DbError};
 
 use crate::helpers::{connect, empty_database, fresh_database, spawn_app};
 

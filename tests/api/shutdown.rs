@@ -2,6 +2,7 @@
 //! out work at once, answers everything it took on, loses no report, and exits within
 //! --shutdown-timeout; its logs are JSON lines a collector can read.
 
+use fairway_server::config::ServeArgs;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,7 +15,7 @@ use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 use tokio_postgres::config::Host;
 
-use crate::helpers::{default_args, fresh_database, spawn_broker};
+use crate::helpers::{fresh_database, spawn_broker};
 
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 const WORKERS: usize = 12;
@@ -200,7 +201,7 @@ async fn sigterm_drains_a_broker_under_load() {
     assert!(load.reported_in_drain.load(Ordering::SeqCst) > 0, "no report fell in the drain");
 
     // Another broker: every applied report is in the database; every other one applies there.
-    let app = spawn_broker(default_args(), config).await;
+    let app = spawn_broker(ServeArgs::for_tests(), config).await;
     let reports = std::mem::take(&mut *load.reports.lock().expect("reports"));
     let mut retried = 0;
     for (item, report) in reports {

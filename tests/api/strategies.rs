@@ -10,9 +10,9 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use fairway::config::ServeArgs;
+use fairway_server::config::ServeArgs;
 
-use crate::helpers::{default_args, spawn_app, spawn_app_with, spawn_broker, TestApp};
+use crate::helpers::{spawn_app, spawn_app_with, spawn_broker, TestApp};
 
 /// Percent-encodes a query parameter's value.
 fn encode(text: &str) -> String {
@@ -290,9 +290,11 @@ async fn acme_log(app: &TestApp) -> (i64, i64) {
 #[tokio::test]
 async fn a_capped_claim_folds_a_long_log_into_its_value() {
     // The upkeep's fold would also empty the log: keep it out of the way.
-    let app =
-        spawn_app_with(ServeArgs { reap_interval: Duration::from_secs(3600), ..default_args() })
-            .await;
+    let app = spawn_app_with(ServeArgs {
+        reap_interval: Duration::from_secs(3600),
+        ..ServeArgs::for_tests()
+    })
+    .await;
     submit(&app, "u1", 3, json!({ "customer": "acme" }), 0).await;
     // Changes that cancel out, as claims and endings leave them.
     app.db
@@ -508,7 +510,7 @@ RETURNS boolean LANGUAGE sql AS $$ SELECT true $$";
 /// from the items; returns the highest count the sampler saw.
 async fn most_running_seen(strategy: Value, lock: Lock) -> i64 {
     let first = spawn_app().await;
-    let second = spawn_broker(default_args(), first.config.clone()).await;
+    let second = spawn_broker(ServeArgs::for_tests(), first.config.clone()).await;
     if lock == Lock::TakenOut {
         first.db.batch_execute(FOLD_WITHOUT_LOCK).await.expect("replace the fold");
     }

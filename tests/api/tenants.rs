@@ -6,12 +6,12 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fairway::config::ServeArgs;
+use fairway_server::config::ServeArgs;
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{default_args, fresh_database, spawn_app, spawn_app_with, TestApp};
+use crate::helpers::{fresh_database, spawn_app, spawn_app_with, TestApp};
 
 /// Submits a one-step job on `svc` for `user` of `tenant`, with one item per component listed.
 async fn submit_items(app: &TestApp, tenant: &str, user: &str, components: &[&str]) {
@@ -182,7 +182,7 @@ async fn a_shard_moves_by_at_most_one_querier_when_one_joins_or_leaves() {
     let config = fresh_database().await;
     let (db, connection) = config.connect(tokio_postgres::NoTls).await.expect("connect");
     tokio::spawn(connection);
-    let reshard = fairway::db::sql::RESHARD_TENANTS;
+    let reshard = fairway_broker::db::sql::RESHARD_TENANTS;
     db.batch_execute(
         "INSERT INTO tenants (tenant, max_queriers)
          SELECT 'tenant-' || t, 1 + t % 5 FROM generate_series(1, 1000) t;
@@ -315,7 +315,7 @@ async fn a_slow_component_does_not_hold_up_a_fast_one() {
 
 #[tokio::test]
 async fn the_forget_delay_forgets_a_silent_querier_and_not_a_busy_one() {
-    let mut args = default_args();
+    let mut args = ServeArgs::for_tests();
     args.querier_forget_delay = std::time::Duration::from_millis(300);
     args.reap_interval = std::time::Duration::from_millis(50);
     let app = spawn_app_with(args).await;
@@ -351,7 +351,7 @@ async fn the_forget_delay_forgets_a_silent_querier_and_not_a_busy_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn claimers_from_many_queriers_on_two_brokers_get_each_item_once() {
     let first = spawn_app().await;
-    let second = crate::helpers::spawn_broker(default_args(), first.config.clone()).await;
+    let second = crate::helpers::spawn_broker(ServeArgs::for_tests(), first.config.clone()).await;
     for querier in 0..6 {
         assert!(claim_as(&first, &format!("pod-{querier}"), 0).await.is_none());
     }
@@ -580,7 +580,7 @@ async fn crossing_workflows_complete_without_deadlocks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_poll_longer_than_the_forget_delay_keeps_its_querier() {
-    let mut args = default_args();
+    let mut args = ServeArgs::for_tests();
     args.querier_forget_delay = std::time::Duration::from_millis(1000);
     args.reap_interval = std::time::Duration::from_millis(50);
     let app = std::sync::Arc::new(spawn_app_with(args).await);
@@ -619,7 +619,7 @@ async fn the_reapers_recount_of_tenant_running_counts_races_no_claim_or_ending()
 async fn share_between_competing_tenants(reap_interval: Duration) {
     const TENANTS: usize = 4;
     const WORKERS: usize = 16;
-    let args = ServeArgs { reap_interval, ..default_args() };
+    let args = ServeArgs { reap_interval, ..ServeArgs::for_tests() };
     let first = spawn_app_with(args.clone()).await;
     let second = crate::helpers::spawn_broker(args, first.config.clone()).await;
     for tenant in 0..TENANTS {
@@ -696,7 +696,7 @@ async fn share_between_competing_tenants(reap_interval: Duration) {
 
 #[tokio::test]
 async fn the_reaper_recounts_a_drifted_tenant_running_count_and_drops_its_logged_changes() {
-    let args = ServeArgs { reap_interval: Duration::from_millis(50), ..default_args() };
+    let args = ServeArgs { reap_interval: Duration::from_millis(50), ..ServeArgs::for_tests() };
     let app = spawn_app_with(args).await;
     for tenant in ["t-a", "t-b"] {
         submit_items(&app, tenant, &format!("{tenant}-user"), &["c"; 3]).await;

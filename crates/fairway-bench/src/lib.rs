@@ -1,0 +1,505 @@
+//! `fairway bench`: seeds a database, runs the broker's claim path beside baseline claim paths
+//! on the same data, and reports throughput, latency and fairness. See docs/benchmarks.md.
+
+pub mod args;
+mod paths;
+mod report;
+mod seed;
+mod sql;
+mod stats;
+mod wakeup;
+
+use crate::sql::BASELINE_INDEXES;
+use std::sync::Arc;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::args::{BenchArgs, BenchPath};
+use fairway_api::strategy::Strategy;
+use fairway_broker::batch::Batches;
+use fairway_broker::db::{self, DbError};
+use fairway_broker::{BrokerError, WorkSignals};
+use fairway_devdb::DevDbError;
+use fairway_devdb::EmbeddedError;
+use fairway_server::config::{AuthArgs, PoolArgs, ServeArgs};
+use fairway_server::startup::{self, Application, StartupError};
+use paths::{FifoStatements, Runner};
+use report::{Machine, Report, Run};
+
+const DATABASE: &str = "fairway_bench";
+
+#[derive(Debug, Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Embedded(Box<EmbeddedError>),
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error(transparent)]
+    DevDb(#[from] DevDbError),
+    #[error(transparent)]
+    Invalid(#[from] fairway_api::Invalid),
+    #[error(transparent)]
+    Startup(#[from] StartupError),
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    #[error("database: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("database pool: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("HTTP: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error("writing results: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Unexpected(String),
+    #[error("{0} claims or completions failed; the results are written, but do not trust them")]
+    RunsFailed(u64),
+}
+
+impl From<EmbeddedError> for BenchError {
+    fn from(error: EmbeddedError) -> Self {
+        Self::Embedded(Box::new(error))
+    }
+}
+
+pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
+    let args = args.effective();
+    let (admin, private_server) =
+        fairway_devdb::connect_or_start(&args.database, "postgres").await?;
+    let outcome = run_matrix(&args, &admin).await;
+    if let Some(server) = private_server {
+        server.stop().await?;
+    }
+    let report = outcome?;
+    report.write(&args.json)?;
+    println!("\n{}", report.markdown());
+    println!("results written to {} (chart and table beside it)", args.json.display());
+    // A claim path that errors measures nothing: fail the run, so that CI notices.
+    let errors: u64 = report.runs.iter().map(|run| run.errors).sum();
+    if errors > 0 {
+        return Err(BenchError::RunsFailed(errors));
+    }
+    Ok(())
+}
+
+async fn run_matrix(
+    args: &BenchArgs,
+    admin_config: &tokio_postgres::Config,
+) -> Result<Report, BenchError> {
+    let mut runs = Vec::new();
+    let mut postgres = String::new();
+    let partitions = seed::Partitions {
+        jobs_per_user: args.jobs_per_user as usize,
+        tenants: args.tenants as usize,
+        components: args.components as usize,
+        metadata: args.paths.iter().any(|path| path.strategy().is_some()),
+    };
+    // The wide claims run at their points beside the others, on the same seed.
+    let wide: Vec<BenchPath> = [
+        BenchPath::Fair,
+        BenchPath::Fifo,
+        BenchPath::FifoBatched,
+        BenchPath::FifoCounted,
+        BenchPath::FifoUserCounted,
+    ]
+    .into_iter()
+    .filter(|path| args.wide_max > 1 && args.paths.contains(path))
+    .collect();
+    let matrix = args.matrix();
+    let mut points = matrix.clone();
+    if !wide.is_empty() {
+        points.extend(args.wide_points.iter().filter(|point| !matrix.contains(point)));
+    }
+    for (users, backlog) in points {
+        let point = Point { users: users as usize, backlog: backlog as usize, partitions };
+        let mut legs: Vec<Leg> = Vec::new();
+        if args.wide_points.contains(&(users, backlog)) {
+            legs.extend(wide.iter().map(|&path| (path, usize::from(args.wide_max))));
+        }
+        if matrix.contains(&(users, backlog)) {
+            legs.extend(args.paths.iter().map(|&path| (path, usize::from(args.max))));
+        }
+        runs.extend(run_point(args, admin_config, point, &legs, &mut postgres).await?);
+    }
+    if args.competing_tenants > 1 && args.paths.contains(&BenchPath::Fair) {
+        let point = Point {
+            users: COMPETING_TENANTS_USERS,
+            backlog: COMPETING_TENANTS_BACKLOG,
+            partitions: seed::Partitions { tenants: args.competing_tenants as usize, ..partitions },
+        };
+        let legs = [(BenchPath::Fair, usize::from(args.max))];
+        for mut run in run_point(args, admin_config, point, &legs, &mut postgres).await? {
+            run.path = COMPETING_TENANTS_PATH.to_owned();
+            runs.push(run);
+        }
+    }
+    if args.wakeup_trials > 0 {
+        runs.extend(run_wakeups(args, admin_config).await?);
+    }
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    Ok(Report { command, machine: machine(postgres), runs })
+}
+
+/// Where the competing-tenants run is measured (see --competing-tenants), and its path's name.
+const COMPETING_TENANTS_USERS: usize = 1_000;
+const COMPETING_TENANTS_BACKLOG: usize = 10_000;
+pub const COMPETING_TENANTS_PATH: &str = "fair_tenants";
+
+/// The wake-up measurements' paths: a worker's, and a producer's waiting for its job.
+pub const WAKEUP_PATH: &str = "wakeup";
+pub const JOB_WAKEUP_PATH: &str = "job_wakeup";
+
+/// Whether a run is a wake-up measurement rather than a point of the claim matrix.
+pub fn is_wakeup(path: &str) -> bool {
+    path == WAKEUP_PATH || path == JOB_WAKEUP_PATH
+}
+
+/// One point of the measurements: what is seeded.
+#[derive(Debug, Clone, Copy)]
+struct Point {
+    users: usize,
+    backlog: usize,
+    partitions: seed::Partitions,
+}
+
+/// A path to run, and how many items each of its claims asks for.
+type Leg = (BenchPath, usize);
+
+/// Seeds a fresh database for `point` and runs each of `legs` on it, the data reset between
+/// them. Notes the server's version in `postgres`.
+async fn run_point(
+    args: &BenchArgs,
+    admin_config: &tokio_postgres::Config,
+    point: Point,
+    legs: &[Leg],
+    postgres: &mut String,
+) -> Result<Vec<Run>, BenchError> {
+    let Point { users, backlog, partitions } = point;
+    let config = fresh_database(admin_config).await?;
+    let pool = db::pool::connect(config.clone(), pool_size(args))?;
+    db::migrations::run(&pool).await?;
+    *postgres = pool.get().await?.query_one("SHOW server_version", &[]).await?.try_get(0)?;
+    eprintln!(
+        "seeding {users} users with {} jobs each, over {} tenants, and {backlog} items",
+        partitions.jobs_per_user, partitions.tenants
+    );
+    let seeded = Arc::new(seed::seed(&pool, users, backlog, partitions).await?);
+    let mut runs = Vec::new();
+    for (index, &(path, max)) in legs.iter().enumerate() {
+        if index > 0 {
+            seed::reset(&pool).await?;
+        }
+        let run = run_path(args, (path, max), &pool, &config, seeded.clone(), point).await?;
+        eprintln!(
+            "{:>22} max {max} {users:>6} users {backlog:>8} items: {:>8.0} claims/s  p99 {:>7.2} ms  jain {:.4}  errors {}",
+            run.path,
+            run.claims_per_s.unwrap_or(0.0),
+            run.p99_ms.unwrap_or(0.0),
+            run.jain.unwrap_or(0.0),
+            run.errors
+        );
+        runs.push(run);
+    }
+    pool.close();
+    Ok(runs)
+}
+
+/// Drops and recreates the benchmark database; returns its connection config.
+async fn fresh_database(
+    admin: &tokio_postgres::Config,
+) -> Result<tokio_postgres::Config, BenchError> {
+    Ok(fairway_devdb::recreate_database(admin, DATABASE).await?)
+}
+
+/// Every path gets the same pool: --pool-size, 32 by default like the workers.
+fn pool_size(args: &BenchArgs) -> usize {
+    args.pool.pool_size.max(1)
+}
+
+/// The admin token of the `http` paths' brokers under --http-auth.
+const ADMIN_TOKEN: &str = "fw_bench-admin-0123456789abcdef0123456789abcdef";
+
+fn serve_args(args: &BenchArgs) -> ServeArgs {
+    let auth = AuthArgs {
+        admin_token: args.http_auth.then(|| ADMIN_TOKEN.to_owned()),
+        ..AuthArgs::default()
+    };
+    ServeArgs {
+        pool: PoolArgs { pool_size: pool_size(args) },
+        batches: args.batches,
+        vacuum: args.vacuum,
+        auth,
+        ..ServeArgs::for_tests()
+    }
+}
+
+async fn run_path(
+    args: &BenchArgs,
+    (path, max): Leg,
+    pool: &deadpool_postgres::Pool,
+    config: &tokio_postgres::Config,
+    seeded: Arc<seed::Seeded>,
+    point: Point,
+) -> Result<Run, BenchError> {
+    let Point { users, backlog, partitions } = point;
+    // The baselines run with their own indexes; the broker's paths without them.
+    let baseline = matches!(
+        path,
+        BenchPath::Fifo
+            | BenchPath::FifoBatched
+            | BenchPath::FifoCounted
+            | BenchPath::FifoUserCounted
+            | BenchPath::HarmonyLeastRunning
+            | BenchPath::HarmonyRoundRobin
+    );
+    if baseline {
+        let client = pool.get().await?;
+        client.batch_execute(BASELINE_INDEXES).await?;
+        client.batch_execute("ANALYZE work_items").await?;
+    }
+    let mut servers = Vec::new();
+    let mut upkeep = Vec::new();
+    let runner = match path {
+        BenchPath::Fair
+        | BenchPath::Oldest
+        | BenchPath::Random
+        | BenchPath::Priority
+        | BenchPath::SelectOnlyOldest
+        | BenchPath::SelectOnlyFair
+        | BenchPath::PreferDistinctRandom
+        | BenchPath::MaxSimultaneousOldest
+        | BenchPath::OrElseSelectOnlyRandom => {
+            let broker = startup::broker(pool.clone(), &serve_args(args), WorkSignals::default())?;
+            // With the upkeep `serve` runs beside it, as in production.
+            upkeep = startup::maintain(&broker, &serve_args(args));
+            let strategy = match path.strategy() {
+                Some(text) => Strategy::parse(text)?.to_claim_argument(),
+                None => None,
+            };
+            Runner::Broker { broker, strategy }
+        }
+        BenchPath::Http | BenchPath::Http3Brokers => {
+            let brokers = if path == BenchPath::Http { 1 } else { 3 };
+            let mut bases = Vec::with_capacity(brokers);
+            for _ in 0..brokers {
+                let app = Application::build(&serve_args(args), config.clone()).await?;
+                bases.push(format!("http://127.0.0.1:{}", app.port()));
+                servers.push((app.handle(), tokio::spawn(app.run_until_stopped())));
+            }
+            let mut client = reqwest::Client::builder().pool_max_idle_per_host(args.workers);
+            if args.http_auth {
+                client = client.default_headers(worker_token_header(pool).await?);
+            }
+            Runner::Http { client: client.build()?, bases }
+        }
+        other => match FifoStatements::of(other) {
+            Some(statements) => {
+                let lanes = args.batches.batch_lanes.into();
+                let most = args.batches.batch_max.into();
+                // Their statements planned once per connection, as plpgsql keeps the plans of
+                // the broker's claim and endings: planned afresh per batch, they would pay for
+                // planning that `fair` does not.
+                let mut planned_once = config.clone();
+                let options = planned_once.get_options().unwrap_or_default();
+                planned_once.options(format!("{options} -c plan_cache_mode=force_generic_plan"));
+                Runner::FifoBatched {
+                    pool: db::pool::connect(planned_once, pool_size(args))?,
+                    statements,
+                    claims: Batches::new(lanes, most),
+                    completions: Batches::new(lanes, most),
+                }
+            }
+            None => Runner::Sql { pool: pool.clone(), path: other },
+        },
+    };
+    // Half the backlog at most: every user keeps work for the whole run, as in steady state.
+    let limits = paths::Limits {
+        duration: args.duration,
+        max_duration: args.max_duration.max(args.duration),
+        wanted: args.rounds.saturating_mul(users as u64),
+        cap: (backlog / 2) as u64,
+    };
+    let runner = Arc::new(runner);
+    let wal_before = wal_position(pool).await?;
+    let mut measured =
+        paths::measure(runner.clone(), seeded.clone(), args.workers, limits, max).await;
+    // The first pass only: a reset between passes writes WAL of its own.
+    let wal_bytes_per_claim = (measured.claims > 0)
+        .then_some(wal_since(pool, &wal_before).await? / measured.claims as f64);
+    let mut waiting = still_waiting(&measured.per_user, &seeded.items);
+    // A small backlog is half handed out in a couple of seconds, too short a run to measure on
+    // a shared machine: the path goes over it again, from the seeded state each time, until it
+    // has run for `duration` in all. A pass that hands out nothing (a backlog too small to have
+    // a half) ends it: passes would otherwise repeat without measuring anything.
+    let mut pass_claims = measured.claims;
+    while pass_claims > 0 && pass_claims >= limits.cap && measured.elapsed < args.duration {
+        seed::reset(pool).await?;
+        let pass = paths::measure(runner.clone(), seeded.clone(), args.workers, limits, max).await;
+        pass_claims = pass.claims;
+        for (waits, still) in waiting.iter_mut().zip(still_waiting(&pass.per_user, &seeded.items)) {
+            *waits &= still;
+        }
+        measured.absorb(pass);
+    }
+    for (handle, task) in servers {
+        handle.stop(true).await;
+        let _ = task.await;
+    }
+    for task in upkeep {
+        task.abort();
+    }
+    if baseline {
+        let client = pool.get().await?;
+        client.batch_execute("DROP INDEX bench_fifo_ready, bench_harmony_ready").await?;
+    }
+    if let Some(error) = &measured.first_error {
+        eprintln!("{path:?}: {} errors, the first: {error}", measured.errors);
+    }
+    let mut latencies = measured.latencies;
+    latencies.sort_unstable();
+    let millis = |q| stats::percentile(&latencies, q).map(|micros| micros / 1000.0);
+    let seconds = measured.elapsed.as_secs_f64();
+    Ok(Run {
+        path: path_name(path),
+        users,
+        jobs: seeded.jobs.len(),
+        tenants: partitions.tenants,
+        components: partitions.components,
+        backlog,
+        workers: args.workers,
+        max,
+        duration_s: seconds,
+        claims_per_s: Some(measured.claims as f64 / seconds),
+        p50_ms: millis(0.5),
+        p90_ms: millis(0.9),
+        p99_ms: millis(0.99),
+        jain: stats::jain(
+            &measured
+                .per_user
+                .iter()
+                .zip(&waiting)
+                .filter(|(_, waits)| **waits)
+                .map(|(served, _)| *served)
+                .collect::<Vec<_>>(),
+        ),
+        errors: measured.errors,
+        wal_bytes_per_claim,
+    })
+}
+
+/// Where the server's WAL is now.
+async fn wal_position(pool: &deadpool_postgres::Pool) -> Result<String, BenchError> {
+    let client = pool.get().await?;
+    Ok(client.query_one("SELECT pg_current_wal_lsn()::text", &[]).await?.try_get(0)?)
+}
+
+/// The WAL written since `position`, in bytes: by the path's claims and completions, their
+/// commits, and anything else the server did meanwhile (the broker's vacuum, the reaper).
+async fn wal_since(pool: &deadpool_postgres::Pool, position: &str) -> Result<f64, BenchError> {
+    let client = pool.get().await?;
+    let sql = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::float8";
+    Ok(client.query_one(sql, &[&position]).await?.try_get(0)?)
+}
+
+/// Which users had ready work for the whole of a pass: with no work added during a pass, those
+/// that were not served everything they had.
+fn still_waiting(served: &[u64], seeded: &[u64]) -> Vec<bool> {
+    served.iter().zip(seeded).map(|(served, seeded)| served < seeded).collect()
+}
+
+fn path_name(path: BenchPath) -> String {
+    serde_json::to_value(path).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}
+
+/// The wake-up paths, `wakeup` and `job_wakeup`, on one broker of their own.
+async fn run_wakeups(
+    args: &BenchArgs,
+    admin: &tokio_postgres::Config,
+) -> Result<Vec<Run>, BenchError> {
+    let config = fresh_database(admin).await?;
+    let app = Application::build(&serve_args(args), config).await?;
+    let base = format!("http://127.0.0.1:{}", app.port());
+    let broker = app.broker().clone();
+    let handle = app.handle();
+    let task = tokio::spawn(app.run_until_stopped());
+    let trials = args.wakeup_trials;
+    let mut outcomes = Vec::new();
+    let started = std::time::Instant::now();
+    outcomes.push((WAKEUP_PATH, wakeup::measure(&broker, &base, trials).await, started.elapsed()));
+    let started = std::time::Instant::now();
+    let job_outcome = wakeup::measure_job(&broker, &base, trials).await;
+    outcomes.push((JOB_WAKEUP_PATH, job_outcome, started.elapsed()));
+    handle.stop(true).await;
+    let _ = task.await;
+    let mut runs = Vec::new();
+    for (path, outcome, duration) in outcomes {
+        let mut latencies = outcome?;
+        latencies.sort_unstable();
+        let millis = |q| stats::percentile(&latencies, q).map(|micros| micros / 1000.0);
+        eprintln!(
+            "{path} p50 {:.2} ms p99 {:.2} ms",
+            millis(0.5).unwrap_or(0.0),
+            millis(0.99).unwrap_or(0.0)
+        );
+        runs.push(Run {
+            path: path.to_owned(),
+            users: trials,
+            jobs: trials,
+            tenants: 1,
+            components: 1,
+            backlog: 0,
+            workers: 1,
+            max: 1,
+            duration_s: duration.as_secs_f64(),
+            claims_per_s: None,
+            p50_ms: millis(0.5),
+            p90_ms: millis(0.9),
+            p99_ms: millis(0.99),
+            jain: None,
+            errors: 0,
+            wal_bytes_per_claim: None,
+        });
+    }
+    Ok(runs)
+}
+
+fn machine(postgres: String) -> Machine {
+    let memory_gib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|info| {
+        info.lines()
+            .find(|line| line.starts_with("MemTotal:"))
+            .and_then(|line| line.split_whitespace().nth(1))
+            .and_then(|kib| kib.parse::<f64>().ok())
+            .map(|kib| (kib / 1024.0 / 1024.0 * 10.0).round() / 10.0)
+    });
+    Machine {
+        cores: std::thread::available_parallelism().map(usize::from).unwrap_or(1),
+        memory_gib,
+        postgres,
+        os: std::env::consts::OS.to_owned(),
+    }
+}
+
+/// `Authorization: Bearer` with a new worker token scoped to the bench's service, for
+/// --http-auth.
+async fn worker_token_header(
+    pool: &deadpool_postgres::Pool,
+) -> Result<reqwest::header::HeaderMap, BenchError> {
+    let authenticator =
+        fairway_broker::auth::Authenticator::start(pool.clone(), Duration::from_secs(5), None)
+            .await?;
+    let (_, token) = authenticator
+        .create(fairway_broker::auth::NewToken {
+            name: None,
+            role: fairway_api::tokens::Role::Worker,
+            tenants: None,
+            services: Some(vec![seed::SERVICE.to_owned()]),
+            expires_in: None,
+        })
+        .await?;
+    let mut headers = reqwest::header::HeaderMap::new();
+    let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+        .map_err(|error| BenchError::Unexpected(error.to_string()))?;
+    headers.insert(reqwest::header::AUTHORIZATION, value);
+    Ok(headers)
+}

@@ -1,0 +1,242 @@
+use std::pin::pin;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::time::Instant;
+
+use super::batch::{answer_each, batch_index};
+use super::rows;
+use super::{Broker, BrokerError};
+use crate::db::sql::{self, CLAIM_ITEMS, HAS_CLAIMABLE_WORK, VACUUM_FAIR_ORDER};
+use crate::metrics::{ClaimOutcome, ClaimedItem};
+use fairway_api::model::{ClaimRequest, WorkItem};
+use fairway_api::strategy::{ends_in_fair, has_hard_cap};
+
+/// How long a claim that found every user with work busy waits for a release signalled in
+/// this process before it looks again anyway (other brokers' releases are not signalled here).
+const RELEASE_POLL: Duration = Duration::from_millis(50);
+
+/// How often a long poll under a hard cap looks again: capacity freed by an ending is not
+/// notified (see sql/functions/log_strategy_running.sql).
+const CAPPED_POLL: Duration = Duration::from_millis(200);
+
+/// How long a claim keeps waiting for busy users before it reports no work.
+const CONTENDED_LIMIT: Duration = Duration::from_secs(5);
+
+/// What one look for work found.
+pub(super) enum Look {
+    Claimed(Vec<WorkItem>),
+    /// Work exists, but every user who has it is held by another transaction right now.
+    Contended,
+    Nothing,
+    /// The querier has not joined yet: nothing was looked at.
+    NotMember,
+}
+
+impl Broker {
+    /// Hands out up to `request.max` work items of the service in one transaction, each chosen
+    /// by the fair order as a single claim would choose it. Empty when nothing is ready.
+    ///
+    /// When every user with work is being served by other claims (a lone user and many workers),
+    /// the claim waits here for one of them to be released rather than answer "no work", and
+    /// rather than queue inside PostgreSQL on a row lock while holding a connection.
+    pub async fn claim(&self, request: &ClaimRequest) -> Result<Vec<WorkItem>, BrokerError> {
+        let signal = self.signals.for_service(request.service.as_str());
+        let deadline = Instant::now() + CONTENDED_LIMIT;
+        loop {
+            if self.is_draining() {
+                return Ok(Vec::new());
+            }
+            let mut released = pin!(signal.released());
+            released.as_mut().enable();
+            match self.look_for_work(request).await? {
+                Look::Claimed(items) => {
+                    signal.release_one();
+                    return Ok(items);
+                }
+                Look::Nothing => return Ok(Vec::new()),
+                Look::NotMember => self.join_querier(request.querier.as_str()).await?,
+                Look::Contended if Instant::now() >= deadline => return Ok(Vec::new()),
+                Look::Contended => {
+                    let _ = tokio::time::timeout(RELEASE_POLL, released).await;
+                }
+            }
+        }
+    }
+
+    /// One look, made together with the looks of other workers that arrive meanwhile.
+    async fn look_for_work(&self, request: &ClaimRequest) -> Result<Look, BrokerError> {
+        self.in_batch(&self.claims, request.clone(), Self::look_in_batch, Self::unread_looks).await
+    }
+
+    /// Looks whose callers left while their batch ran: the items they claimed go back.
+    async fn unread_looks(self, looks: Vec<Result<Look, BrokerError>>) {
+        let items: Vec<WorkItem> = looks
+            .into_iter()
+            .filter_map(|look| match look {
+                Ok(Look::Claimed(items)) => Some(items),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        if !items.is_empty() {
+            self.release_unanswered(items).await;
+        }
+    }
+
+    /// Looks for work for every request of a batch in one transaction.
+    async fn look_in_batch(self, requests: Vec<ClaimRequest>) -> Vec<Result<Look, BrokerError>> {
+        if self.is_draining() {
+            return requests.iter().map(|_| Ok(Look::Nothing)).collect();
+        }
+        let started = Instant::now();
+        let broker = &self;
+        let looks = answer_each(&requests, |batch| {
+            // The claim commits in its one statement, before anything else can fail: a run
+            // that failed claimed nothing, and the batch runs again whole.
+            broker.retrying("claim", move || broker.claim_batch(batch))
+        })
+        .await;
+        self.metrics.claim_batch(requests.len(), started.elapsed());
+        looks
+    }
+
+    /// One statement, so one transaction, for the whole batch; then, for each request that got
+    /// nothing, whether it lost a race (work exists) or there is nothing for it.
+    async fn claim_batch(
+        &self,
+        requests: &[ClaimRequest],
+    ) -> Result<Vec<Result<Look, BrokerError>>, BrokerError> {
+        let client = self.client().await?;
+        let services: Vec<&str> = requests.iter().map(|r| r.service.as_str()).collect();
+        let queriers: Vec<&str> = requests.iter().map(|r| r.querier.as_str()).collect();
+        let workers: Vec<i32> = requests.iter().map(|r| r.worker).collect();
+        let maxes: Vec<i32> =
+            requests.iter().map(|r| i32::try_from(r.max).unwrap_or(i32::MAX)).collect();
+        let strategies: Vec<Option<&Value>> =
+            requests.iter().map(|r| r.strategy.as_deref()).collect();
+        let tokens: Vec<Option<i64>> = requests.iter().map(|r| r.token).collect();
+        let (lease, touch_every) = (self.claim_lease_millis(), self.touch_every_millis());
+        let params: sql::Params =
+            &[&services, &queriers, &workers, &maxes, &lease, &touch_every, &strategies, &tokens];
+        let mut items: Vec<Vec<WorkItem>> = requests.iter().map(|_| Vec::new()).collect();
+        let mut states: Vec<Option<String>> = vec![None; requests.len()];
+        let mut passed_over = vec![false; requests.len()];
+        let claimed = sql::query(&client, CLAIM_ITEMS, params).await?;
+        self.claims_committed.notify_waiters();
+        #[cfg(feature = "fault-injection")]
+        self.faults.pause(super::faults::Point::ClaimCommitted).await;
+        let lease = chrono::Duration::milliseconds(lease);
+        for row in claimed {
+            let request = batch_index(&row, "request", requests.len())?;
+            states[request] = row.try_get("querier_state")?;
+            if row.try_get::<_, Option<i64>>("id")?.is_some() {
+                items[request].push(rows::work_item(&row, services[request])?);
+            } else {
+                passed_over[request] = row.try_get::<_, Option<bool>>("passed_over")? == Some(true);
+            }
+        }
+        // Only a first attempt is known to have waited since its creation; a retry's wait
+        // began when its previous attempt ended, which the item does not keep.
+        self.metrics.claimed(items.iter().flatten().filter(|item| item.attempt == 1).map(|item| {
+            ClaimedItem {
+                id: item.id.0,
+                service: item.service.clone(),
+                tenant: item.tenant.clone(),
+                claimed_at: item.lease_expires_at - lease,
+            }
+        }));
+        let mut looks = Vec::with_capacity(requests.len());
+        for (((request, items), state), passed_over) in
+            requests.iter().zip(items).zip(states).zip(passed_over)
+        {
+            looks.push(match state.as_deref() {
+                _ if !items.is_empty() => Ok(Look::Claimed(items)),
+                None => Ok(Look::NotMember),
+                Some("shutting_down") => {
+                    Err(BrokerError::QuerierShuttingDown(request.querier.as_str().to_owned()))
+                }
+                // A strategy that never reaches the fair order knows whether it passed over
+                // held work; work it filtered out or capped is not work for it.
+                Some(_) if request.strategy.as_deref().is_some_and(|s| !ends_in_fair(s)) => {
+                    Ok(if passed_over { Look::Contended } else { Look::Nothing })
+                }
+                // The batch has committed: an error from here on is this request's alone.
+                Some(_) => {
+                    let params: sql::Params =
+                        &[&request.service.as_str(), &request.querier.as_str()];
+                    match sql::query_opt(&client, HAS_CLAIMABLE_WORK, params).await {
+                        Ok(Some(_)) => Ok(Look::Contended),
+                        Ok(None) => Ok(Look::Nothing),
+                        Err(error) => Err(error.into()),
+                    }
+                }
+            });
+        }
+        Ok(looks)
+    }
+
+    /// Like `claim`, but when nothing is ready waits up to `wait` for work of the service to
+    /// appear, woken by the database's notifications rather than by polling.
+    pub async fn claim_waiting(
+        &self,
+        request: &ClaimRequest,
+        wait: Duration,
+    ) -> Result<Vec<WorkItem>, BrokerError> {
+        let items = self.wait_for_claim(request, wait).await?;
+        let outcome = if items.is_empty() { ClaimOutcome::Empty } else { ClaimOutcome::Item };
+        self.metrics.claim_answered(request.service.as_str(), outcome);
+        Ok(items)
+    }
+
+    async fn wait_for_claim(
+        &self,
+        request: &ClaimRequest,
+        wait: Duration,
+    ) -> Result<Vec<WorkItem>, BrokerError> {
+        let deadline = Instant::now() + wait.min(self.settings.long_poll_max);
+        let signal = self.signals.for_service(request.service.as_str());
+        loop {
+            let mut notified = pin!(signal.notified());
+            notified.as_mut().enable();
+            let items = self.claim(request).await?;
+            if !items.is_empty() || Instant::now() >= deadline {
+                return Ok(items);
+            }
+            let _waiting = signal.waiting();
+            // A waiting querier is still there: its last_seen keeps moving while it waits, so
+            // that it neither looks disconnected nor is forgotten in the middle of a long poll.
+            let touch_every = Duration::from_millis(self.touch_every_millis().unsigned_abs());
+            let capped = request.strategy.as_deref().is_some_and(has_hard_cap);
+            let slice = if capped { CAPPED_POLL } else { touch_every };
+            loop {
+                let until = deadline.min(Instant::now() + slice);
+                tokio::select! {
+                    woken = tokio::time::timeout_at(until, notified.as_mut()) => {
+                        if woken.is_ok() {
+                            break;
+                        }
+                    }
+                    () = self.drained() => return Ok(items),
+                }
+                // Under a cap, capacity may have freed meanwhile: look again.
+                if capped && Instant::now() < deadline {
+                    break;
+                }
+                self.touch(request.querier.as_str()).await?;
+                if Instant::now() >= deadline {
+                    return Ok(items);
+                }
+            }
+        }
+    }
+
+    /// Clears the dead row versions and index entries that claims and completions leave at the
+    /// head of the fair order, where every claim starts reading (see the statement's file).
+    pub async fn vacuum_fair_order(&self) -> Result<(), BrokerError> {
+        let client = self.client().await?;
+        // Simple protocol: VACUUM cannot run in the transaction a prepared statement opens.
+        client.batch_execute(VACUUM_FAIR_ORDER).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,49 @@
+//! Everything that knows how to reach PostgreSQL: the pool, the schema (migrations and server
+//! functions), the statements and the LISTEN connection.
+
+pub mod functions;
+pub mod listener;
+pub mod migrations;
+pub mod pool;
+pub mod sql;
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum DbError {
+    #[error("cannot get a database connection: {0}")]
+    Pool(String),
+    #[error("migration failed: {0}")]
+    Migration(String),
+    #[error(
+        "this database holds fairway's schema as an earlier build made it, migration by \
+         migration (last applied: {last}); this broker carries the schema folded into one \
+         baseline and cannot upgrade that database in place. Nothing was changed. Let its jobs \
+         finish (or cancel them), then start the broker on a new, empty database: another \
+         DATABASE_URL, or another --data-dir for the private server"
+    )]
+    UnfoldedSchema { last: String },
+    #[error(
+        "this database has a work_items table but no fairway migration history, so it was not \
+         made by fairway; nothing was changed. Point the broker at an empty database or one \
+         fairway made"
+    )]
+    ForeignSchema,
+    #[error(
+        "this database holds server functions of revision {installed}, newer than this broker's \
+         revision {carried}; a broker never replaces newer functions with older ones. Nothing \
+         was changed: run the newer broker, or stop every newer broker and restore an older \
+         database"
+    )]
+    NewerFunctions { installed: i32, carried: i32 },
+    #[error(
+        "this database holds server functions of revision {revision} whose text differs from \
+         this broker's revision {revision}; nothing was changed. A build changed \
+         sql/functions/ without raising the revision (crates/fairway-broker/src/db/functions.rs)"
+    )]
+    FunctionsDiffer { revision: i32 },
+    #[error("installing sql/functions/{name}.sql failed: {source}")]
+    FunctionFile { name: &'static str, source: tokio_postgres::Error },
+    #[error(transparent)]
+    Postgres(#[from] tokio_postgres::Error),
+}

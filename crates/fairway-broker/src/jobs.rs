@@ -1,0 +1,420 @@
+use std::collections::{BTreeMap, HashMap};
+
+use deadpool_postgres::GenericClient;
+use serde_json::Value;
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use super::rows;
+use super::{Broker, BrokerError};
+use crate::db::sql::{
+    self, APPLY_STEP_DELTAS, APPLY_TENANT_DELTAS, CANCEL_JOB_ITEMS, COUNT_OUTSTANDING,
+    CREATE_STEP_QUEUES, CREATE_TENANT, CREATE_USER, GET_JOB, GET_JOBS_STEPS,
+    INSERT_FIRST_STEP_ITEMS, INSERT_JOB, INSERT_JOB_METADATA, INSERT_JOB_STEPS, JOB_TENANT,
+    LOCK_JOB_OWNER, LOCK_TENANT_LIMIT, LOCK_USER, NOTIFY_JOB_FINISHED, NOTIFY_WORK_READY,
+    SET_JOB_PAUSED, SET_JOB_STATUS,
+};
+use crate::metrics::Finish;
+use fairway_api::model::{
+    reject_nul, ComponentName, JobDocument, JobId, JobStatus, NewItem, NewJob, StepDocument,
+};
+
+/// Changes to a job step's item counts, applied with `apply_step_deltas.sql`.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct StepDeltas {
+    pub ready: i32,
+    pub running: i32,
+    pub successful: i32,
+    pub failed: i32,
+    pub canceled: i32,
+}
+
+/// The tenant_queues side of a transaction's step changes, gathered by `apply_step_deltas` and
+/// applied once, last and in key order, so that no two transactions wait for each other's
+/// tenant rows. A transaction with a single step change has it applied in place instead
+/// (`TenantRow::Now`), which saves a round trip.
+#[derive(Debug, Default)]
+pub(super) struct TenantDeltas {
+    services: Vec<String>,
+    components: Vec<String>,
+    tenants: Vec<String>,
+    running: Vec<i32>,
+    activate: Vec<bool>,
+}
+
+/// Where a step change's tenant row goes.
+pub(super) enum TenantRow<'a> {
+    /// The transaction's only step change: apply it with the step.
+    Now,
+    /// One of several: gather it, for `TenantDeltas::apply` at the end.
+    Later(&'a mut TenantDeltas),
+}
+
+impl TenantDeltas {
+    pub(super) fn push(
+        &mut self,
+        service: String,
+        component: String,
+        tenant: String,
+        running: i32,
+        activate: bool,
+    ) {
+        self.services.push(service);
+        self.components.push(component);
+        self.tenants.push(tenant);
+        self.running.push(running);
+        self.activate.push(activate);
+    }
+
+    pub(super) async fn apply(self, tx: &impl GenericClient) -> Result<(), BrokerError> {
+        if self.services.is_empty() {
+            return Ok(());
+        }
+        let params: sql::Params =
+            &[&self.services, &self.components, &self.tenants, &self.running, &self.activate];
+        sql::query_one(tx, APPLY_TENANT_DELTAS, params).await?;
+        Ok(())
+    }
+}
+
+/// Moves the counts of a step's items of one component (and the user's fair-order rows with
+/// them), and wakes waiting workers when the user's work for the service became claimable. The
+/// caller holds the user's row lock. Returns how many items of the whole job are still ready or
+/// running.
+pub(super) async fn apply_step_deltas(
+    tx: &impl GenericClient,
+    job_id: JobId,
+    step: i32,
+    component: &str,
+    deltas: StepDeltas,
+    tenant_row: TenantRow<'_>,
+) -> Result<i32, BrokerError> {
+    let tenant_now = matches!(tenant_row, TenantRow::Now);
+    let row = sql::query_one(
+        tx,
+        APPLY_STEP_DELTAS,
+        &[
+            &job_id.0,
+            &step,
+            &component,
+            &deltas.ready,
+            &deltas.running,
+            &deltas.successful,
+            &deltas.failed,
+            &deltas.canceled,
+            &tenant_now,
+        ],
+    )
+    .await?;
+    let Some(service) = row.try_get::<_, Option<String>>("service")? else {
+        return Err(BrokerError::not_found(
+            "step_not_found",
+            format!("job {job_id} has no step {step} with items of component {component}"),
+        ));
+    };
+    let became_claimable: bool = row.try_get("became_claimable")?;
+    if became_claimable {
+        sql::execute(tx, NOTIFY_WORK_READY, &[&service]).await?;
+    }
+    if let TenantRow::Later(tenant_deltas) = tenant_row {
+        let tenant = row.try_get("tenant")?;
+        tenant_deltas.push(service, component.to_owned(), tenant, deltas.running, became_claimable);
+    }
+    Ok(row.try_get("job_open_items")?)
+}
+
+impl Broker {
+    /// Stores a job, its steps and its first step's items, all ready at once. Refused, with
+    /// nothing stored, when the items would take the tenant past its max_outstanding.
+    pub async fn submit_job(&self, job: &NewJob) -> Result<JobId, BrokerError> {
+        self.retrying("submit_job", move || self.submit_job_once(job)).await
+    }
+
+    async fn submit_job_once(&self, job: &NewJob) -> Result<JobId, BrokerError> {
+        let job_id = JobId(Uuid::new_v4());
+        let user = job.user.as_str();
+        let tenant = job.tenant.as_str();
+        let services: Vec<&str> = job.steps.iter().map(|step| step.service.as_str()).collect();
+        let aggregates: Vec<bool> = job.steps.iter().map(|step| step.aggregate).collect();
+
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        sql::execute(&tx, CREATE_USER, &[&user]).await?;
+        sql::query_opt(&tx, LOCK_USER, &[&user]).await?;
+        sql::execute(&tx, CREATE_TENANT, &[&tenant]).await?;
+        admit(&tx, tenant, job.items.len()).await?;
+        let actor = job.actor.names();
+        let params: sql::Params =
+            &[&job_id.0, &user, &job.is_async, &tenant, &actor, &job.priority];
+        sql::execute(&tx, INSERT_JOB, params).await?;
+        sql::execute(&tx, INSERT_JOB_STEPS, &[&job_id.0, &services, &aggregates]).await?;
+        if !job.metadata.keys.is_empty() {
+            let params: sql::Params =
+                &[&job_id.0, &job.metadata.keys, &job.metadata.values, &services];
+            sql::execute(&tx, INSERT_JOB_METADATA, params).await?;
+        }
+        add_first_step_items(&tx, job_id, &job.items).await?;
+        #[cfg(feature = "fault-injection")]
+        self.faults.strike(super::faults::Point::SubmitJob, &tx).await?;
+        tx.commit().await?;
+        Ok(job_id)
+    }
+
+    /// Adds ready items to the first step of an unfinished job, for producers that discover
+    /// work gradually. Refused once an aggregating step has its item: its inputs are final.
+    pub async fn append_items(
+        &self,
+        job_id: JobId,
+        items: &[NewItem],
+    ) -> Result<JobDocument, BrokerError> {
+        self.retrying("append_items", move || self.append_items_once(job_id, items)).await
+    }
+
+    async fn append_items_once(
+        &self,
+        job_id: JobId,
+        items: &[NewItem],
+    ) -> Result<JobDocument, BrokerError> {
+        if items.is_empty() {
+            return Err(BrokerError::invalid("invalid_items", "add at least one item"));
+        }
+        items.iter().try_for_each(|item| reject_nul(&item.payload, "a payload"))?;
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let job = lock_unfinished_job(&tx, job_id, "add items to").await?;
+        if job.steps.iter().any(|step| step.aggregate && step.total > 0) {
+            return Err(BrokerError::conflict(
+                "aggregation_started",
+                format!("job {job_id} has already aggregated its results; it takes no new items"),
+            ));
+        }
+        admit(&tx, &job.tenant, items.len()).await?;
+        add_first_step_items(&tx, job_id, items).await?;
+        let job = read_job(&tx, job_id).await?;
+        tx.commit().await?;
+        Ok(job)
+    }
+
+    pub async fn get_job(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
+        let client = self.client().await?;
+        read_job(&client, job_id).await
+    }
+
+    /// Fails with the job's 404 unless the job exists and `allowed` says yes to its tenant:
+    /// a token scoped to other tenants cannot tell another tenant's job from no job.
+    pub async fn check_job_tenant(
+        &self,
+        job_id: JobId,
+        allowed: impl Fn(&str) -> bool,
+    ) -> Result<(), BrokerError> {
+        let client = self.client().await?;
+        let row = sql::query_opt(&client, JOB_TENANT, &[&job_id.0]).await?;
+        match row.map(|row| row.try_get::<_, String>(0)).transpose()? {
+            Some(tenant) if allowed(&tenant) => Ok(()),
+            _ => Err(job_not_found(job_id)),
+        }
+    }
+
+    /// Takes the job's ready items out of the fair order; running items finish as usual.
+    pub async fn pause_job(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
+        self.retrying("pause_job", move || self.pause_job_once(job_id)).await
+    }
+
+    async fn pause_job_once(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let job = lock_unfinished_job(&tx, job_id, "pause").await?;
+        if job.status != JobStatus::Paused {
+            sql::query(&tx, SET_JOB_PAUSED, &[&job_id.0, &true]).await?;
+            sql::execute(&tx, SET_JOB_STATUS, &[&job_id.0, &JobStatus::Paused.as_str()]).await?;
+        }
+        let job = read_job(&tx, job_id).await?;
+        tx.commit().await?;
+        Ok(job)
+    }
+
+    /// Puts a paused job's ready items back into the fair order.
+    pub async fn resume_job(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
+        self.retrying("resume_job", move || self.resume_job_once(job_id)).await
+    }
+
+    async fn resume_job_once(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let job = lock_unfinished_job(&tx, job_id, "resume").await?;
+        if job.status == JobStatus::Paused {
+            for row in sql::query(&tx, SET_JOB_PAUSED, &[&job_id.0, &false]).await? {
+                let service: String = row.try_get("service")?;
+                sql::execute(&tx, NOTIFY_WORK_READY, &[&service]).await?;
+            }
+            let started = job.steps.iter().any(|step| step.total > i64::from(step.ready));
+            let status = if started { JobStatus::Running } else { JobStatus::Accepted };
+            sql::execute(&tx, SET_JOB_STATUS, &[&job_id.0, &status.as_str()]).await?;
+        }
+        let job = read_job(&tx, job_id).await?;
+        tx.commit().await?;
+        Ok(job)
+    }
+
+    /// Marks every unfinished item of the job canceled. Workers holding one get 409 on their
+    /// next update. Canceling a canceled job again changes nothing.
+    pub async fn cancel_job(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
+        self.retrying("cancel_job", move || self.cancel_job_once(job_id)).await
+    }
+
+    async fn cancel_job_once(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        lock_job_owner(&tx, job_id).await?;
+        let job = read_job(&tx, job_id).await?;
+        match job.status {
+            JobStatus::Canceled => return Ok(job),
+            status if status.is_finished() => return Err(job_finished(job_id, status, "cancel")),
+            _ => {}
+        }
+        let mut tenant_deltas = TenantDeltas::default();
+        let mut canceled = Vec::new();
+        for row in sql::query(&tx, CANCEL_JOB_ITEMS, &[&job_id.0]).await? {
+            let step: i32 = row.try_get("step_index")?;
+            let component: String = row.try_get("component")?;
+            let ready: i32 = row.try_get("ready")?;
+            let running: i32 = row.try_get("running")?;
+            canceled.push((step, ready + running));
+            let deltas = StepDeltas {
+                ready: -ready,
+                running: -running,
+                canceled: ready + running,
+                ..Default::default()
+            };
+            let tenant_row = TenantRow::Later(&mut tenant_deltas);
+            apply_step_deltas(&tx, job_id, step, &component, deltas, tenant_row).await?;
+        }
+        tenant_deltas.apply(&tx).await?;
+        sql::execute(&tx, SET_JOB_STATUS, &[&job_id.0, &JobStatus::Canceled.as_str()]).await?;
+        sql::execute(&tx, NOTIFY_JOB_FINISHED, &[&job_id.0]).await?;
+        let job = read_job(&tx, job_id).await?;
+        tx.commit().await?;
+        for (step, count) in canceled {
+            let service = usize::try_from(step).ok().and_then(|step| job.steps.get(step));
+            if let Some(step) = service {
+                let count = u64::try_from(count).unwrap_or(0);
+                self.metrics.finished(&step.service, &job.tenant, Finish::Canceled, count);
+            }
+        }
+        Ok(job)
+    }
+}
+
+/// Refuses `count` new items when they would take the tenant past its max_outstanding. Holds
+/// the tenant's row lock, when it has a limit, until the caller's transaction ends.
+async fn admit(tx: &impl GenericClient, tenant: &str, count: usize) -> Result<(), BrokerError> {
+    let Some(row) = sql::query_opt(tx, LOCK_TENANT_LIMIT, &[&tenant]).await? else {
+        return Ok(());
+    };
+    let limit: i32 = row.try_get("max_outstanding")?;
+    let outstanding: i64 =
+        sql::query_one(tx, COUNT_OUTSTANDING, &[&tenant]).await?.try_get("outstanding")?;
+    let wanted = outstanding.saturating_add(i64::try_from(count).unwrap_or(i64::MAX));
+    if wanted > i64::from(limit) {
+        return Err(BrokerError::TooManyOutstanding(format!(
+            "tenant {tenant} has {outstanding} items waiting and a limit of {limit}; \
+             {count} more would exceed it"
+        )));
+    }
+    Ok(())
+}
+
+/// Makes sure a step has its counter rows for each of `components` (sorted, distinct).
+pub(super) async fn create_step_queues(
+    tx: &impl GenericClient,
+    job_id: JobId,
+    step: i32,
+    components: &[&str],
+) -> Result<(), BrokerError> {
+    sql::execute(tx, CREATE_STEP_QUEUES, &[&job_id.0, &step, &components]).await?;
+    Ok(())
+}
+
+async fn add_first_step_items(
+    tx: &impl GenericClient,
+    job_id: JobId,
+    items: &[NewItem],
+) -> Result<(), BrokerError> {
+    let mut per_component: BTreeMap<&ComponentName, i32> = BTreeMap::new();
+    for item in items {
+        let count = per_component.entry(&item.component).or_default();
+        *count = count
+            .checked_add(1)
+            .ok_or_else(|| BrokerError::invalid("invalid_items", "too many items at once"))?;
+    }
+    let components: Vec<&str> = per_component.keys().map(|name| name.as_str()).collect();
+    create_step_queues(tx, job_id, 0, &components).await?;
+    let payloads: Vec<&Value> = items.iter().map(|item| &item.payload).collect();
+    let item_components: Vec<&str> = items.iter().map(|item| item.component.as_str()).collect();
+    sql::execute(tx, INSERT_FIRST_STEP_ITEMS, &[&job_id.0, &payloads, &item_components]).await?;
+    let mut tenant_deltas = TenantDeltas::default();
+    let single = per_component.len() == 1;
+    for (component, count) in per_component {
+        let deltas = StepDeltas { ready: count, ..Default::default() };
+        let tenant_row = if single { TenantRow::Now } else { TenantRow::Later(&mut tenant_deltas) };
+        apply_step_deltas(tx, job_id, 0, component.as_str(), deltas, tenant_row).await?;
+    }
+    tenant_deltas.apply(tx).await
+}
+
+async fn lock_job_owner(tx: &impl GenericClient, job_id: JobId) -> Result<(), BrokerError> {
+    match sql::query_opt(tx, LOCK_JOB_OWNER, &[&job_id.0]).await? {
+        Some(_) => Ok(()),
+        None => Err(job_not_found(job_id)),
+    }
+}
+
+async fn lock_unfinished_job(
+    tx: &impl GenericClient,
+    job_id: JobId,
+    action: &str,
+) -> Result<JobDocument, BrokerError> {
+    lock_job_owner(tx, job_id).await?;
+    let job = read_job(tx, job_id).await?;
+    if job.status.is_finished() {
+        return Err(job_finished(job_id, job.status, action));
+    }
+    Ok(job)
+}
+
+fn job_not_found(job_id: JobId) -> BrokerError {
+    BrokerError::not_found("job_not_found", format!("no job {job_id}"))
+}
+
+fn job_finished(job_id: JobId, status: JobStatus, action: &str) -> BrokerError {
+    BrokerError::conflict(
+        "job_finished",
+        format!("cannot {action} job {job_id}: it is already {}", status.as_str()),
+    )
+}
+
+pub(super) async fn read_job(
+    client: &impl GenericClient,
+    job_id: JobId,
+) -> Result<JobDocument, BrokerError> {
+    let job = sql::query_opt(client, GET_JOB, &[&job_id.0])
+        .await?
+        .ok_or_else(|| job_not_found(job_id))?;
+    job_documents(client, &[job]).await?.pop().ok_or_else(|| job_not_found(job_id))
+}
+
+/// The documents of `jobs` (rows as `get_job.sql` reads them), their steps read at once.
+pub(super) async fn job_documents(
+    client: &impl GenericClient,
+    jobs: &[Row],
+) -> Result<Vec<JobDocument>, BrokerError> {
+    let ids = jobs.iter().map(|job| job.try_get("job_id")).collect::<Result<Vec<Uuid>, _>>()?;
+    let mut steps: HashMap<Uuid, Vec<StepDocument>> = HashMap::with_capacity(ids.len());
+    for row in sql::query(client, GET_JOBS_STEPS, &[&ids]).await? {
+        steps.entry(row.try_get("job_id")?).or_default().push(rows::step_document(&row)?);
+    }
+    jobs.iter()
+        .zip(ids)
+        .map(|(job, id)| rows::job_document(JobId(id), job, steps.remove(&id).unwrap_or_default()))
+        .collect()
+}

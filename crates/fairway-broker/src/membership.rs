@@ -1,0 +1,187 @@
+//! Queriers, tenants and their shards: who may serve whom. All of it lives in the database, so
+//! every broker process decides claims from the same membership.
+
+use std::time::Duration;
+
+use deadpool_postgres::GenericClient;
+
+use super::rows;
+use super::{Broker, BrokerError};
+use crate::db::sql::{
+    self, JOIN_QUERIER, LIST_QUERIERS, LIST_TENANTS, LOCK_IDLE_TENANT_QUEUES, LOCK_MEMBERSHIP,
+    RECOUNT_TENANT_RUNNING, RESHARD_TENANTS, RETIRE_QUERIERS, RETIRE_TENANT_QUEUES,
+    SHUT_DOWN_QUERIER, TOUCH_QUERIER, UPSERT_TENANT,
+};
+use fairway_api::model::{QuerierName, TenantName};
+use fairway_api::tenancy::{QuerierDocument, TenantDocument, TenantLimits};
+
+impl Broker {
+    /// A querier's first work request makes it a member, and redraws the shards.
+    pub(super) async fn join_querier(&self, querier: &str) -> Result<(), BrokerError> {
+        self.retrying("join_querier", move || self.join_querier_once(querier)).await
+    }
+
+    async fn join_querier_once(&self, querier: &str) -> Result<(), BrokerError> {
+        let mut client = self.client().await?;
+        let tx = membership_change(&mut client).await?;
+        let joined = sql::query_opt(&tx, JOIN_QUERIER, &[&querier]).await?.is_some();
+        commit_membership_change(tx, joined).await
+    }
+
+    /// Records that the querier is still there: a waiting long poll counts as a request.
+    pub(super) async fn touch(&self, querier: &str) -> Result<(), BrokerError> {
+        let client = self.client().await?;
+        sql::execute(&client, TOUCH_QUERIER, &[&querier, &self.touch_every_millis()]).await?;
+        Ok(())
+    }
+
+    pub(super) fn touch_every_millis(&self) -> i64 {
+        // A quarter of the forget delay, at least once a second and at most every 10 ms:
+        // precise enough for the admin view without a write per request on the querier's
+        // shared row.
+        let every = (self.settings.querier_forget_delay / 4)
+            .min(Duration::from_secs(1))
+            .max(Duration::from_millis(10));
+        sql::millis(every)
+    }
+
+    /// A querier announced its shutdown: its further work requests get 410, and it leaves its
+    /// shards once it holds no lease.
+    pub async fn shut_down_querier(&self, querier: &QuerierName) -> Result<(), BrokerError> {
+        self.retrying("shut_down_querier", move || self.shut_down_querier_once(querier)).await
+    }
+
+    async fn shut_down_querier_once(&self, querier: &QuerierName) -> Result<(), BrokerError> {
+        let mut client = self.client().await?;
+        let tx = membership_change(&mut client).await?;
+        sql::execute(&tx, SHUT_DOWN_QUERIER, &[&querier.as_str()]).await?;
+        let changed = retire(&tx, self.forget_after_millis()).await?;
+        commit_membership_change(tx, changed).await
+    }
+
+    /// Retires queriers that shut down and hold no lease, forgets silent ones, and redraws
+    /// shards when anything changed. Run by the reaper and after a release.
+    pub async fn retire_queriers(&self) -> Result<(), BrokerError> {
+        self.retrying("retire_queriers", move || self.retire_queriers_once()).await
+    }
+
+    async fn retire_queriers_once(&self) -> Result<(), BrokerError> {
+        let mut client = self.client().await?;
+        let tx = membership_change(&mut client).await?;
+        let changed = retire(&tx, self.forget_after_millis()).await?;
+        commit_membership_change(tx, changed).await
+    }
+
+    fn forget_after_millis(&self) -> i64 {
+        sql::millis(self.settings.querier_forget_delay)
+    }
+
+    /// Sets a tenant's limits (creating it) and redraws the shards.
+    pub async fn set_tenant(
+        &self,
+        tenant: &TenantName,
+        limits: TenantLimits,
+    ) -> Result<TenantDocument, BrokerError> {
+        self.retrying("set_tenant", move || self.set_tenant_once(tenant, limits)).await
+    }
+
+    async fn set_tenant_once(
+        &self,
+        tenant: &TenantName,
+        limits: TenantLimits,
+    ) -> Result<TenantDocument, BrokerError> {
+        let mut client = self.client().await?;
+        let tx = membership_change(&mut client).await?;
+        let params: sql::Params =
+            &[&tenant.as_str(), &limits.max_queriers, &limits.max_outstanding];
+        sql::execute(&tx, UPSERT_TENANT, params).await?;
+        sql::execute(&tx, RESHARD_TENANTS, &[]).await?;
+        let document = read_tenants(&tx, Some(tenant.as_str())).await?.pop();
+        tx.commit().await?;
+        document.ok_or_else(|| tenant_not_found(tenant.as_str()))
+    }
+
+    pub async fn tenant(&self, tenant: &TenantName) -> Result<TenantDocument, BrokerError> {
+        let client = self.client().await?;
+        read_tenants(&client, Some(tenant.as_str()))
+            .await?
+            .pop()
+            .ok_or_else(|| tenant_not_found(tenant.as_str()))
+    }
+
+    pub async fn tenants(&self) -> Result<Vec<TenantDocument>, BrokerError> {
+        let client = self.client().await?;
+        read_tenants(&client, None).await
+    }
+
+    pub async fn queriers(&self) -> Result<Vec<QuerierDocument>, BrokerError> {
+        let client = self.client().await?;
+        let disconnected_after = self.forget_after_millis() / 2;
+        sql::query(&client, LIST_QUERIERS, &[&disconnected_after])
+            .await?
+            .iter()
+            .map(rows::querier_document)
+            .collect()
+    }
+
+    /// Keeps the tenant level of the fair order tidy: retires tenant queues with nothing
+    /// claimable (so claims do not step over them), and recounts the running hints.
+    pub async fn tidy_tenant_queues(&self) -> Result<(), BrokerError> {
+        self.retrying("tidy_tenant_queues", move || self.tidy_tenant_queues_once()).await
+    }
+
+    async fn tidy_tenant_queues_once(&self) -> Result<(), BrokerError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let idle = sql::query(&tx, LOCK_IDLE_TENANT_QUEUES, &[]).await?;
+        if !idle.is_empty() {
+            let column = |name: &str| -> Result<Vec<String>, BrokerError> {
+                idle.iter().map(|row| Ok(row.try_get(name)?)).collect()
+            };
+            let params: sql::Params =
+                &[&column("service")?, &column("component")?, &column("tenant")?];
+            sql::execute(&tx, RETIRE_TENANT_QUEUES, params).await?;
+        }
+        tx.commit().await?;
+        sql::execute(&client, RECOUNT_TENANT_RUNNING, &[]).await?;
+        Ok(())
+    }
+}
+
+/// Starts a transaction holding the membership lock.
+async fn membership_change(
+    client: &mut deadpool_postgres::Object,
+) -> Result<deadpool_postgres::Transaction<'_>, BrokerError> {
+    let tx = client.transaction().await?;
+    sql::query(&tx, LOCK_MEMBERSHIP, &[]).await?;
+    Ok(tx)
+}
+
+/// Redraws every shard when membership changed, and commits.
+async fn commit_membership_change(
+    tx: deadpool_postgres::Transaction<'_>,
+    changed: bool,
+) -> Result<(), BrokerError> {
+    if changed {
+        sql::execute(&tx, RESHARD_TENANTS, &[]).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+async fn retire(tx: &impl GenericClient, forget_after: i64) -> Result<bool, BrokerError> {
+    let changed: i64 =
+        sql::query_one(tx, RETIRE_QUERIERS, &[&forget_after]).await?.try_get("changed")?;
+    Ok(changed > 0)
+}
+
+fn tenant_not_found(tenant: &str) -> BrokerError {
+    BrokerError::not_found("tenant_not_found", format!("no tenant {tenant}"))
+}
+
+async fn read_tenants(
+    client: &impl GenericClient,
+    tenant: Option<&str>,
+) -> Result<Vec<TenantDocument>, BrokerError> {
+    sql::query(client, LIST_TENANTS, &[&tenant]).await?.iter().map(rows::tenant_document).collect()
+}

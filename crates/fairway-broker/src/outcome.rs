@@ -1,0 +1,630 @@
+use std::pin::pin;
+use std::time::Duration;
+
+use deadpool_postgres::GenericClient;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tokio_postgres::types::Json;
+use tokio_postgres::Row;
+
+use super::batch::{answer_each, batch_index};
+use super::jobs::{apply_step_deltas, create_step_queues, StepDeltas, TenantDeltas, TenantRow};
+use super::{Broker, BrokerError};
+use crate::db::sql::{
+    self, DESCRIBE_ITEM, EXTEND_LEASE, FIND_EXPIRED_LEASES, FINISH_ITEMS, INSERT_AGGREGATE_ITEM,
+    INSERT_NEXT_STEP_ITEMS, PLAN_AGGREGATE_ITEM, REFRESH_JOB_STATUS,
+};
+use crate::metrics::{BatchKind, Finish};
+use fairway_api::model::{
+    reject_nul, ComponentName, ItemStatus, JobId, StatusUpdate, WorkItem, WorkItemId,
+};
+
+/// How an attempt ended, as recorded on the item.
+#[derive(Clone)]
+enum Ending {
+    /// A worker's report.
+    Successful { results: Vec<Value>, component: Option<ComponentName> },
+    /// A worker's report.
+    Failed { error: Option<String>, retryable: bool },
+    /// The lease ran out without a report (the reaper): a retryable failure.
+    Expired,
+    /// A claim whose answer reached no worker (its long poll was gone): the item goes back to
+    /// ready as if never claimed, the attempt not counted.
+    Released,
+}
+
+/// An attempt that ended: its service, and whether the querier that held it is shutting down
+/// (it may have released its last lease).
+struct Ended {
+    service: String,
+    tenant: String,
+    status: ItemStatus,
+    querier_leaving: bool,
+    /// A released claim: not an attempt that ended, so not counted as one.
+    released: bool,
+}
+
+/// What an ending records on its item.
+struct Recorded<'a> {
+    status: ItemStatus,
+    results: Option<&'a Vec<Value>>,
+    error: Option<&'a str>,
+    next_component: Option<&'a str>,
+    /// The worker's report's digest (`AttemptEnding::digest`); none for the broker's own.
+    digest: Option<Vec<u8>>,
+    /// Takes the claim's attempt back (a release).
+    uncounted: bool,
+}
+
+/// How many times an ending goes back to the queue because another transaction held its
+/// owner's row, before it waits for that row in a transaction of its own. With few users a
+/// claim batch holds most of them most of the time, and each ending that waits alone costs a
+/// transaction of its own.
+const DEFERRALS: usize = 10;
+
+/// Expired leases ended per transaction by the reaper: a dead worker pod's leases come back in
+/// a few transactions rather than one each, while the owners' rows a transaction waits for and
+/// holds stay few.
+const REAP_CHUNK: usize = 32;
+
+/// Longest a deferred ending waits for a claim batch of this broker to commit before it goes
+/// again: the holder may be another broker's.
+const DEFERRAL_PAUSE: Duration = Duration::from_millis(5);
+
+/// What a batch did with one ending.
+pub(super) enum Answer {
+    /// Applied: the item's status now.
+    Applied(ItemStatus),
+    /// Another transaction held the owner's row: nothing changed; send it again.
+    Deferred,
+    /// The same report had already been applied (its sender never got the answer): nothing
+    /// changed; the item's status as that ending left it.
+    Repeated(ItemStatus),
+}
+
+/// Whether a batch waits for owners' rows other transactions hold, or leaves those endings
+/// for a later batch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Owners {
+    Wait,
+    SkipHeld,
+}
+
+/// Whether an ending applies to any running attempt, or only to one whose lease has expired.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LeaseCondition {
+    Any,
+    Expired,
+}
+
+/// A worker's report that ends its attempt, as the ending batches carry it.
+#[derive(Clone)]
+pub(super) struct AttemptEnding {
+    id: WorkItemId,
+    attempt: i32,
+    ending: Ending,
+    /// The reporting token, which must be the one that claimed the attempt; None: any.
+    token: Option<i64>,
+}
+
+impl AttemptEnding {
+    /// What makes two reports "the same update": SHA-256 over the reporting token (with auth, a
+    /// repeat must come with the token that sent the first), the attempt and the report as
+    /// the worker sent it (status, results and component; or error and retryable), in
+    /// serde_json's canonical form (object keys sorted, so key order and whitespace do not
+    /// matter). None for an ending no worker reported.
+    fn digest(&self) -> Option<Vec<u8>> {
+        let report = match &self.ending {
+            Ending::Successful { results, component } => serde_json::json!({
+                "token": self.token,
+                "attempt": self.attempt,
+                "status": "successful",
+                "results": results,
+                "component": component.as_ref().map(ComponentName::as_str),
+            }),
+            Ending::Failed { error, retryable } => serde_json::json!({
+                "token": self.token,
+                "attempt": self.attempt,
+                "status": "failed",
+                "error": error,
+                "retryable": retryable,
+            }),
+            Ending::Expired | Ending::Released => return None,
+        };
+        Some(Sha256::digest(report.to_string().as_bytes()).to_vec())
+    }
+}
+
+impl Broker {
+    /// Applies a worker's report on the attempt it holds, and returns the item's status after
+    /// it. A stale attempt or a finished item is a conflict and changes nothing.
+    ///
+    /// Reports that end attempts are written together with the others that arrive meanwhile,
+    /// in one transaction; the answer comes once it committed.
+    ///
+    /// With `token`, the report applies only to an attempt that token claimed: another
+    /// token's attempt is refused (forbidden) and changes nothing. None: whoever claimed it.
+    pub async fn update_status(
+        &self,
+        id: WorkItemId,
+        attempt: i32,
+        update: StatusUpdate,
+        token: Option<i64>,
+    ) -> Result<ItemStatus, BrokerError> {
+        let ending = match update {
+            StatusUpdate::Running => return self.extend_lease(id, attempt, token).await,
+            StatusUpdate::Successful { results, component } => {
+                results.iter().try_for_each(|result| reject_nul(result, "a result"))?;
+                Ending::Successful { results, component }
+            }
+            StatusUpdate::Failed { error, retryable } => {
+                if let Some(error) = &error {
+                    reject_nul(&Value::String(error.clone()), "an error")?;
+                }
+                Ending::Failed { error, retryable }
+            }
+        };
+        let ending = AttemptEnding { id, attempt, ending, token };
+        // A batch does not wait for an owner's row another transaction holds (a claim batch,
+        // mostly); the ending goes again with a later batch, and after a few tries alone.
+        for _ in 0..DEFERRALS {
+            // Registered before the batch goes, so that a claim batch committing meanwhile
+            // counts.
+            let mut claims_committed = pin!(self.claims_committed.notified());
+            claims_committed.as_mut().enable();
+            let answer = self.in_batch(
+                &self.endings,
+                ending.clone(),
+                Self::end_in_batch,
+                Self::unread_endings,
+            );
+            match answer.await? {
+                Answer::Applied(status) | Answer::Repeated(status) => return Ok(status),
+                // Going again at once would find the row still held, as often as not: go once
+                // this broker's claim batch has let go of its rows, or after a pause when the
+                // holder is elsewhere.
+                Answer::Deferred => {
+                    let _ = tokio::time::timeout(DEFERRAL_PAUSE, claims_committed).await;
+                }
+            }
+        }
+        let mut answers = self.end_batch(&[ending], LeaseCondition::Any, Owners::Wait).await?;
+        match answers.pop().unwrap_or(Err(BrokerError::BatchLost))? {
+            Answer::Applied(status) | Answer::Repeated(status) => Ok(status),
+            Answer::Deferred => Err(BrokerError::BatchLost),
+        }
+    }
+
+    /// Endings whose workers left before the answer: applied all the same (a worker that sends
+    /// its report again gets the same answer), so nothing is left to do.
+    async fn unread_endings(self, _: Vec<Result<Answer, BrokerError>>) {}
+
+    /// Claims whose long polls left before the answer (the client closed its connection while
+    /// the claim's batch ran): nobody will work on their items, so they go back to ready at
+    /// once, as if never claimed (the attempt not counted), rather than wait out their lease.
+    pub(super) async fn release_unanswered(&self, items: Vec<WorkItem>) {
+        let endings: Vec<AttemptEnding> = items
+            .iter()
+            .map(|item| AttemptEnding {
+                id: item.id,
+                attempt: item.attempt,
+                ending: Ending::Released,
+                token: None,
+            })
+            .collect();
+        match self.end_batch(&endings, LeaseCondition::Any, Owners::Wait).await {
+            Ok(answers) => {
+                // An item settled meanwhile (its job canceled) holds no lease any more.
+                for (item, answer) in items.iter().zip(answers) {
+                    if let Ok(Answer::Applied(_)) = answer {
+                        tracing::info!(
+                            item = item.id.0,
+                            attempt = item.attempt,
+                            "released an unanswered claim"
+                        );
+                        self.metrics.claim_released(&item.service);
+                    }
+                }
+            }
+            Err(error) => {
+                let items = items.len();
+                tracing::warn!(%error, items, "releasing unanswered claims; their leases end them");
+            }
+        }
+    }
+
+    /// A heartbeat touches no counter, so it needs no user lock and no batch.
+    async fn extend_lease(
+        &self,
+        id: WorkItemId,
+        attempt: i32,
+        token: Option<i64>,
+    ) -> Result<ItemStatus, BrokerError> {
+        let client = self.client().await?;
+        let lease = self.lease_millis();
+        let params: sql::Params = &[&id.0, &attempt, &lease, &token];
+        if sql::query_opt(&client, EXTEND_LEASE, params).await?.is_none() {
+            return Err(why_not_applied(&client, id, attempt, token).await?);
+        }
+        Ok(ItemStatus::Running)
+    }
+
+    /// Ends the attempts of a batch in one transaction.
+    async fn end_in_batch(self, endings: Vec<AttemptEnding>) -> Vec<Result<Answer, BrokerError>> {
+        self.metrics.batch(BatchKind::Ending, endings.len());
+        answer_each(&endings, |batch| self.end_batch(batch, LeaseCondition::Any, Owners::SkipHeld))
+            .await
+    }
+
+    /// Treats every expired lease (up to `limit`) as a retryable failure, [`REAP_CHUNK`] to a
+    /// transaction. Safe to run in several brokers at once: an item another reaper or its
+    /// worker settled first is left alone. Returns how many leases it expired.
+    pub async fn reap_expired_leases(&self, limit: i64) -> Result<usize, BrokerError> {
+        let expired = {
+            let client = self.client().await?;
+            sql::query(&client, FIND_EXPIRED_LEASES, &[&limit]).await?
+        };
+        let endings = expired
+            .iter()
+            .map(|row| {
+                Ok(AttemptEnding {
+                    id: WorkItemId(row.try_get("id")?),
+                    attempt: row.try_get("attempt")?,
+                    ending: Ending::Expired,
+                    token: None,
+                })
+            })
+            .collect::<Result<Vec<_>, BrokerError>>()?;
+        let mut reaped = 0;
+        for chunk in endings.chunks(REAP_CHUNK) {
+            let answers = self.end_batch(chunk, LeaseCondition::Expired, Owners::Wait).await?;
+            reaped +=
+                answers.iter().filter(|answer| matches!(answer, Ok(Answer::Applied(_)))).count();
+        }
+        Ok(reaped)
+    }
+
+    /// finish_items locks the owners' users rows first, in the one order all transactions use
+    /// (with `Owners::SkipHeld` only those free now), then ends the attempts and moves each
+    /// counter row once; then the workflows grow; the tenant rows come last, in key order.
+    /// Answers each ending: its item's status, deferred, or why it did not apply.
+    ///
+    /// BEGIN and the endings go to the server together, in one round trip, and the
+    /// commit in a second; only a workflow that grows adds more. On two busy cores a round
+    /// trip costs about a third of a millisecond, as much as ending two attempts.
+    ///
+    /// A run that deadlocks runs again whole, for every ending of the batch (see `retry`):
+    /// nothing is answered, signalled or counted before a run commits.
+    async fn end_batch(
+        &self,
+        endings: &[AttemptEnding],
+        condition: LeaseCondition,
+        owners: Owners,
+    ) -> Result<Vec<Result<Answer, BrokerError>>, BrokerError> {
+        let operation = match condition {
+            LeaseCondition::Any => "end_attempts",
+            LeaseCondition::Expired => "expire_leases",
+        };
+        self.retrying(operation, || self.end_batch_once(endings, condition, owners)).await
+    }
+
+    async fn end_batch_once(
+        &self,
+        endings: &[AttemptEnding],
+        condition: LeaseCondition,
+        owners: Owners,
+    ) -> Result<Vec<Result<Answer, BrokerError>>, BrokerError> {
+        let client = self.client().await?;
+        // Prepared before anything is sent, so that the pipelined requests below go out in
+        // the order they are written.
+        let finish_items = client.prepare_cached(FINISH_ITEMS).await?;
+        let ids: Vec<i64> = endings.iter().map(|ending| ending.id.0).collect();
+        let recorded: Vec<Recorded> = endings.iter().map(|ending| self.record(ending)).collect();
+        let attempts: Vec<i32> = endings.iter().map(|ending| ending.attempt).collect();
+        let statuses: Vec<&str> = recorded.iter().map(|r| r.status.as_str()).collect();
+        let results: Vec<Option<Json<&Vec<Value>>>> =
+            recorded.iter().map(|r| r.results.map(Json)).collect();
+        let errors: Vec<Option<&str>> = recorded.iter().map(|r| r.error).collect();
+        let next_components: Vec<Option<&str>> =
+            recorded.iter().map(|r| r.next_component).collect();
+        let digests: Vec<Option<&[u8]>> = recorded.iter().map(|r| r.digest.as_deref()).collect();
+        let uncounted: Vec<bool> = recorded.iter().map(|r| r.uncounted).collect();
+        let expired_only = condition == LeaseCondition::Expired;
+        let wait = owners == Owners::Wait;
+        let tokens: Vec<Option<i64>> = endings.iter().map(|ending| ending.token).collect();
+        let params: sql::Params = &[
+            &ids,
+            &attempts,
+            &statuses,
+            &results,
+            &errors,
+            &next_components,
+            &digests,
+            &uncounted,
+            &expired_only,
+            &wait,
+            &tokens,
+        ];
+        // Each request is sent when its future is first polled, and `biased` has try_join poll
+        // them in the order written (by default it rotates which one goes first). (Should
+        // BEGIN fail, the connection is gone and nothing after it runs.)
+        let opened = tokio::try_join!(
+            biased;
+            async { client.batch_execute("BEGIN").await.map_err(BrokerError::from) },
+            async { client.query(&finish_items, params).await.map_err(BrokerError::from) },
+        );
+        let grown = match opened {
+            Ok(((), finished)) => {
+                async {
+                    // A test's forced deadlock, as if finish_items had met one: the batch rolls
+                    // back below, like any failed run.
+                    #[cfg(feature = "fault-injection")]
+                    self.faults.strike(super::faults::Point::EndAttempts, &client).await?;
+                    self.grow_workflows(&client, endings, &recorded, &finished).await
+                }
+                .await
+            }
+            Err(error) => Err(error),
+        };
+        let (answers, released) = match grown {
+            Ok(grown) => grown,
+            Err(error) => {
+                // Leave the connection as the pool expects it: outside any transaction.
+                if let Err(rollback) = client.batch_execute("ROLLBACK").await {
+                    tracing::warn!(%rollback, "rolling back a failed batch of endings");
+                }
+                return Err(error);
+            }
+        };
+        client.batch_execute("COMMIT").await?;
+        // Wake a claim waiting for a busy user per item released, and let a querier that is
+        // shutting down leave its shards once it holds no lease. The endings are committed:
+        // what follows must not turn them into errors.
+        for ended in &released {
+            self.signals.for_service(&ended.service).release_one();
+            if ended.released {
+                continue;
+            }
+            let finish = match ended.status {
+                ItemStatus::Ready => Finish::Retried,
+                ItemStatus::Failed => Finish::Failed,
+                _ => Finish::Successful,
+            };
+            self.metrics.finished(&ended.service, &ended.tenant, finish, 1);
+            if condition == LeaseCondition::Expired {
+                self.metrics.lease_expired(&ended.service);
+            }
+        }
+        if released.iter().any(|ended| ended.querier_leaving) {
+            if let Err(error) = self.retire_queriers().await {
+                tracing::warn!(%error, "retiring queriers after their leases ended");
+            }
+        }
+        Ok(answers)
+    }
+
+    /// Inside the endings' transaction, after finish_items (`finished`, its rows): grows each
+    /// applied ending's workflow, explains each refused one (no row), and applies the tenant
+    /// rows' changes last. Returns the answers and the attempts that ended.
+    async fn grow_workflows(
+        &self,
+        tx: &impl GenericClient,
+        endings: &[AttemptEnding],
+        recorded: &[Recorded<'_>],
+        finished: &[Row],
+    ) -> Result<(Vec<Result<Answer, BrokerError>>, Vec<Ended>), BrokerError> {
+        let mut outcomes: Vec<Option<Result<Answer, BrokerError>>> =
+            endings.iter().map(|_| None).collect();
+        let mut tenant_deltas = TenantDeltas::default();
+        let mut released = Vec::with_capacity(finished.len());
+        let mut maybe_done = Vec::new();
+        for row in finished {
+            let index = batch_index(row, "ending", endings.len())?;
+            if row.try_get("deferred")? {
+                outcomes[index] = Some(Ok(Answer::Deferred));
+                continue;
+            }
+            let ending = &endings[index];
+            let status = recorded[index].status;
+            if let Some(job) = self.grow_workflow(tx, ending, row, &mut tenant_deltas).await? {
+                maybe_done.push(job.0);
+            }
+            let service: String = row.try_get("service")?;
+            let tenant: String = row.try_get("tenant")?;
+            let querier_leaving: bool = row.try_get("querier_leaving")?;
+            let was_released = recorded[index].uncounted;
+            released.push(Ended {
+                service,
+                tenant,
+                status,
+                querier_leaving,
+                released: was_released,
+            });
+            outcomes[index] = Some(Ok(Answer::Applied(status)));
+        }
+        let mut answers = Vec::with_capacity(endings.len());
+        for (outcome, ending) in outcomes.into_iter().zip(endings) {
+            answers.push(match outcome {
+                Some(outcome) => outcome,
+                None => unapplied(tx, ending).await?,
+            });
+        }
+        if !maybe_done.is_empty() {
+            // Each job once, in a stable order.
+            maybe_done.sort_unstable();
+            maybe_done.dedup();
+            sql::execute(tx, REFRESH_JOB_STATUS, &[&maybe_done]).await?;
+        }
+        tenant_deltas.apply(tx).await?;
+        Ok((answers, released))
+    }
+
+    /// What an ending records on its item: a retryable failure is a retry while retries last.
+    fn record<'a>(&self, ending: &'a AttemptEnding) -> Recorded<'a> {
+        let retry_allowed = i64::from(ending.attempt) <= i64::from(self.settings.max_retries);
+        match &ending.ending {
+            Ending::Successful { results, component } => Recorded {
+                status: ItemStatus::Successful,
+                results: Some(results),
+                error: None,
+                next_component: component.as_ref().map(ComponentName::as_str),
+                digest: ending.digest(),
+                uncounted: false,
+            },
+            Ending::Failed { error, retryable } => Recorded {
+                status: if *retryable && retry_allowed {
+                    ItemStatus::Ready
+                } else {
+                    ItemStatus::Failed
+                },
+                results: None,
+                error: error.as_deref(),
+                next_component: None,
+                digest: ending.digest(),
+                uncounted: false,
+            },
+            Ending::Expired => Recorded {
+                status: if retry_allowed { ItemStatus::Ready } else { ItemStatus::Failed },
+                results: None,
+                error: Some("lease expired"),
+                next_component: None,
+                digest: None,
+                uncounted: false,
+            },
+            Ending::Released => Recorded {
+                status: ItemStatus::Ready,
+                results: None,
+                error: None,
+                next_component: None,
+                digest: None,
+                uncounted: true,
+            },
+        }
+    }
+
+    /// After an ending applied (`finished`, its row from finish_items): the next step's items
+    /// from its results, the aggregate once its inputs are all in, and the job's end when
+    /// nothing is left. Their tenant rows' changes, and the ending's own unless it applied them,
+    /// go to `tenant_deltas`. Returns the job when nothing of it is left open: it may be done.
+    async fn grow_workflow(
+        &self,
+        tx: &impl GenericClient,
+        ending: &AttemptEnding,
+        finished: &Row,
+        tenant_deltas: &mut TenantDeltas,
+    ) -> Result<Option<JobId>, BrokerError> {
+        let job_id = JobId(finished.try_get("job_id")?);
+        let step: i32 = finished.try_get("step_index")?;
+        let mut open_items: i32 = finished.try_get("job_open_items")?;
+        if !finished.try_get::<_, bool>("tenant_applied")? {
+            tenant_deltas.push(
+                finished.try_get("service")?,
+                finished.try_get("component")?,
+                finished.try_get("tenant")?,
+                -1,
+                finished.try_get("became_claimable")?,
+            );
+        }
+        if finished.try_get("fans_out")? {
+            let results_component: String = finished.try_get("results_component")?;
+            let next = step + 1;
+            create_step_queues(tx, job_id, next, &[&results_component]).await?;
+            let created: i32 = sql::query_one(tx, INSERT_NEXT_STEP_ITEMS, &[&ending.id.0, &step])
+                .await?
+                .try_get(0)?;
+            let ready = StepDeltas { ready: created, ..Default::default() };
+            let tenant_row = TenantRow::Later(tenant_deltas);
+            open_items =
+                apply_step_deltas(tx, job_id, next, &results_component, ready, tenant_row).await?;
+        }
+        if finished.try_get("may_aggregate")? {
+            if let Some(row) = sql::query_opt(tx, PLAN_AGGREGATE_ITEM, &[&job_id.0]).await? {
+                let aggregate_step: i32 = row.try_get("step_index")?;
+                let component: String = row.try_get("component")?;
+                create_step_queues(tx, job_id, aggregate_step, &[&component]).await?;
+                sql::execute(tx, INSERT_AGGREGATE_ITEM, &[&job_id.0, &aggregate_step, &component])
+                    .await?;
+                let ready = StepDeltas { ready: 1, ..Default::default() };
+                let tenant_row = TenantRow::Later(tenant_deltas);
+                open_items =
+                    apply_step_deltas(tx, job_id, aggregate_step, &component, ready, tenant_row)
+                        .await?;
+            }
+        }
+        Ok((open_items == 0).then_some(job_id))
+    }
+}
+
+fn item_not_found(id: WorkItemId) -> BrokerError {
+    BrokerError::not_found("work_item_not_found", format!("no work item {id}"))
+}
+
+/// Explains why an update naming `attempt` of item `id`, sent with `token`, did not apply.
+async fn why_not_applied(
+    client: &impl GenericClient,
+    id: WorkItemId,
+    attempt: i32,
+    token: Option<i64>,
+) -> Result<BrokerError, BrokerError> {
+    match sql::query_opt(client, DESCRIBE_ITEM, &[&id.0]).await? {
+        Some(row) => refusal(&row, id, attempt, token),
+        None => Ok(item_not_found(id)),
+    }
+}
+
+/// An ending that did not apply: when its report is the one the item's latest ending recorded
+/// (the same item, attempt, status and results or error, sent again by a worker that never got
+/// the answer), that ending's answer; otherwise why not.
+async fn unapplied(
+    client: &impl GenericClient,
+    ending: &AttemptEnding,
+) -> Result<Result<Answer, BrokerError>, BrokerError> {
+    let Some(row) = sql::query_opt(client, DESCRIBE_ITEM, &[&ending.id.0]).await? else {
+        return Ok(Err(item_not_found(ending.id)));
+    };
+    if let Some(digest) = ending.digest() {
+        let recorded: Option<Vec<u8>> = row.try_get("ending_digest")?;
+        let ended_as: Option<String> = row.try_get("ended_as")?;
+        if let (Some(recorded), Some(ended_as)) = (recorded, ended_as) {
+            if recorded == digest {
+                return Ok(Ok(Answer::Repeated(crate::rows::stored_item_status(&ended_as)?)));
+            }
+        }
+    }
+    Ok(Err(refusal(&row, ending.id, ending.attempt, ending.token)?))
+}
+
+/// Why an update naming `attempt` of item `id` (`row`, as DESCRIBE_ITEM read it) is refused.
+fn refusal(
+    row: &Row,
+    id: WorkItemId,
+    attempt: i32,
+    token: Option<i64>,
+) -> Result<BrokerError, BrokerError> {
+    let status: String = row.try_get("status")?;
+    let current: i32 = row.try_get("attempt")?;
+    let claimed_by: Option<i64> = row.try_get("claimed_by")?;
+    Ok(match status.as_str() {
+        "running" if current == attempt && token.is_some() && claimed_by != token => {
+            BrokerError::Forbidden {
+                code: "not_your_item",
+                message: format!(
+                    "attempt {attempt} of work item {id} was claimed with another token; only \
+                     that token may report on it"
+                ),
+            }
+        }
+        "successful" | "failed" | "canceled" => BrokerError::conflict(
+            "item_finished",
+            format!("work item {id} is already {status}"),
+        ),
+        _ if current != attempt => BrokerError::conflict(
+            "stale_attempt",
+            format!("attempt {attempt} of work item {id} is not current (the current attempt is {current})"),
+        ),
+        _ => BrokerError::conflict(
+            "stale_attempt",
+            format!("attempt {attempt} of work item {id} no longer holds a lease"),
+        ),
+    })
+}

@@ -1,0 +1,11 @@
+//! The fault suite's own statements, one file each under `sql/chaos/`: what it reads back to
+//! check that nothing was lost or done twice.
+
+fairway_broker::statements! {
+    "chaos/";
+    ITEM_TOTALS = "item_totals";
+    JOB_OUTCOMES = "job_outcomes";
+    RELATION_SIZES = "relation_sizes";
+}
+
+pub use fairway_broker::db::sql::*;

@@ -1,0 +1,218 @@
+//! The flags of the commands that talk to a running broker: `admin`, `submit`, `worker` and
+//! `demo`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use fairway_api::positive_duration;
+
+/// How the command-line tools reach a broker.
+#[derive(Debug, Clone, Args)]
+pub struct BrokerAddress {
+    /// The broker's base URL.
+    #[arg(long, env = "FAIRWAY_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+
+    /// Bearer token sent with every request.
+    #[arg(long, env = "FAIRWAY_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AdminArgs {
+    #[command(flatten)]
+    pub broker: BrokerAddress,
+
+    /// Print the API's JSON instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    #[command(subcommand)]
+    pub command: AdminCommand,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum AdminCommand {
+    /// Each service's queue: ready, running, paused, oldest ready, claims per second.
+    Services,
+    /// Rows of the fair order's user_work table: who has work where.
+    Users {
+        /// Only this service's rows.
+        #[arg(long)]
+        service: Option<String>,
+        /// Only this user's rows.
+        #[arg(long)]
+        user: Option<String>,
+        /// Most rows to list (1–10000).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Show or steer one job.
+    Jobs {
+        #[command(subcommand)]
+        command: JobCommand,
+    },
+    /// Tenants: their limits, waiting items and shards.
+    Tenants {
+        #[command(subcommand)]
+        command: Option<TenantCommand>,
+    },
+    /// Queriers: state, last request, leases held, tenants served.
+    Queriers,
+    /// Recount every counter from the work items; exits non-zero on any difference.
+    Consistency,
+    /// Bearer tokens: make, list and revoke them (needs an admin token).
+    Tokens {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum TokenCommand {
+    /// Make a token and print it, once, alone on the last line: it is stored only as a hash.
+    Create {
+        /// admin (everything), reader (every read), producer (jobs) or worker (work).
+        #[arg(long, value_parser = ["admin", "reader", "producer", "worker"])]
+        role: String,
+        /// A producer token's tenant; give it once per tenant. None: every tenant.
+        #[arg(long = "tenant", value_name = "TENANT")]
+        tenants: Vec<String>,
+        /// A worker token's service; give it once per service. None: every service.
+        #[arg(long = "service", value_name = "SERVICE")]
+        services: Vec<String>,
+        /// What to call it [default: its role and a few hex digits of its hash].
+        #[arg(long)]
+        name: Option<String>,
+        /// How long it lasts, such as `90d` or `12h` [default: until revoked].
+        #[arg(long, value_parser = positive_duration)]
+        expires: Option<Duration>,
+    },
+    /// Every token: name, role, scope, expiry, last use; never the secret.
+    List,
+    /// Revoke a token, by id or by the name of a live token.
+    Revoke {
+        /// The token's id, or its name.
+        token: String,
+    },
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum JobCommand {
+    /// The job's status, progress and steps.
+    Show { job_id: uuid::Uuid },
+    /// Stop handing out the job's items; running ones finish.
+    Pause { job_id: uuid::Uuid },
+    /// Hand out a paused job's items again.
+    Resume { job_id: uuid::Uuid },
+    /// Cancel every unfinished item of the job.
+    Cancel { job_id: uuid::Uuid },
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum TenantCommand {
+    /// One tenant.
+    Show { tenant: String },
+    /// Set a tenant's limits, creating it if needed.
+    Set {
+        tenant: String,
+        /// Queriers that serve the tenant; 0: all of them.
+        #[arg(long, default_value_t = 0)]
+        max_queriers: u32,
+        /// Most ready items the tenant may have waiting; 0: no limit.
+        #[arg(long, default_value_t = 0)]
+        max_outstanding: u32,
+    },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SubmitArgs {
+    #[command(flatten)]
+    pub broker: BrokerAddress,
+
+    /// The job as the JSON body of `POST /jobs`; `-` reads it from standard input. The other
+    /// flags build the job instead.
+    #[arg(long, conflicts_with_all = ["user", "service", "item"])]
+    pub file: Option<PathBuf>,
+
+    /// The user the job belongs to.
+    #[arg(long, required_unless_present = "file")]
+    pub user: Option<String>,
+
+    /// The job's tenant.
+    #[arg(long, default_value = "default")]
+    pub tenant: String,
+
+    /// A service of the workflow, in order; give it once per step.
+    #[arg(long, required_unless_present = "file")]
+    pub service: Vec<String>,
+
+    /// An item's payload, as JSON; give it once per item of the first step.
+    #[arg(long = "item", value_name = "JSON", required_unless_present = "file")]
+    pub item: Vec<String>,
+
+    /// Synchronous: a person is waiting for it, so it goes before the user's async jobs.
+    #[arg(long)]
+    pub sync: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    #[command(flatten)]
+    pub broker: BrokerAddress,
+
+    /// How long the demo runs; the second user arrives after a third of it, the third after
+    /// two thirds.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+
+    /// Worker pods started, each a `fairway worker` process.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub pods: u32,
+
+    /// Items each pod works on at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub concurrency: u32,
+
+    /// How long each item's command sleeps.
+    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
+    pub item_time: Duration,
+
+    /// Where to write the chart.
+    #[arg(long, default_value = "docs/demo/shares.svg")]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub broker: BrokerAddress,
+
+    /// The service whose items this worker does.
+    #[arg(long, env = "FAIRWAY_WORKER_SERVICE")]
+    pub service: String,
+
+    /// The querier (pod) name this worker asks as; tenant shards are drawn over queriers.
+    #[arg(long, env = "FAIRWAY_WORKER_QUERIER")]
+    pub querier: String,
+
+    /// Items worked on at once, each by its own run of COMMAND.
+    #[arg(long, env = "FAIRWAY_WORKER_CONCURRENCY", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub concurrency: u32,
+
+    /// How long one work request waits for work to appear (at most 60 s).
+    #[arg(long, env = "FAIRWAY_WORKER_WAIT", default_value = "20s", value_parser = humantime::parse_duration)]
+    pub wait: Duration,
+
+    /// How often a heartbeat extends the lease of an item whose command still runs.
+    #[arg(long, env = "FAIRWAY_WORKER_HEARTBEAT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub heartbeat: Duration,
+
+    /// The command run per item, with the item's JSON on standard input. Exit 0 with a JSON
+    /// array on standard output: successful, those are the results. Otherwise: failed, with
+    /// the end of standard error as the error.
+    #[arg(required = true, last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}

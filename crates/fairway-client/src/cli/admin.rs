@@ -1,0 +1,325 @@
+//! `fairway admin`: tables of what the broker holds, and the few steering actions.
+
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use serde::Serialize;
+
+use super::{client, CliError};
+use crate::args::{AdminArgs, AdminCommand, JobCommand, TenantCommand, TokenCommand};
+use crate::Client;
+use crate::JobAction;
+use fairway_api::model::{JobDocument, JobId, UserWorkRow};
+use fairway_api::summary::ServiceSummary;
+use fairway_api::tenancy::{QuerierDocument, TenantDocument};
+use fairway_api::tokens::TokenDocument;
+
+pub async fn run(args: AdminArgs) -> Result<(), CliError> {
+    let client = client(&args.broker)?;
+    let print = Printer { json: args.json };
+    match args.command {
+        AdminCommand::Services => print.list(&client.services().await?, services_table),
+        AdminCommand::Users { service, user, limit } => {
+            let rows = client.user_work(service.as_deref(), user.as_deref(), limit).await?;
+            print.list(&rows, users_table)
+        }
+        AdminCommand::Jobs { command } => {
+            let job = match command {
+                JobCommand::Show { job_id } => client.job(JobId(job_id)).await?,
+                JobCommand::Pause { job_id } => {
+                    client.steer(JobId(job_id), JobAction::Pause).await?
+                }
+                JobCommand::Resume { job_id } => {
+                    client.steer(JobId(job_id), JobAction::Resume).await?
+                }
+                JobCommand::Cancel { job_id } => {
+                    client.steer(JobId(job_id), JobAction::Cancel).await?
+                }
+            };
+            print.one(&job, job_table)
+        }
+        AdminCommand::Tenants { command: None } => {
+            print.list(&client.tenants().await?, tenants_table)
+        }
+        AdminCommand::Tenants { command: Some(TenantCommand::Show { tenant }) } => {
+            print.list(&[client.tenant(&tenant).await?], tenants_table)
+        }
+        AdminCommand::Tenants {
+            command: Some(TenantCommand::Set { tenant, max_queriers, max_outstanding }),
+        } => {
+            let tenant = client.set_tenant(&tenant, max_queriers, max_outstanding).await?;
+            print.list(&[tenant], tenants_table)
+        }
+        AdminCommand::Queriers => print.list(&client.queriers().await?, queriers_table),
+        AdminCommand::Tokens { command } => tokens(&client, &print, command).await,
+        AdminCommand::Consistency => {
+            let recount = client.consistency().await?;
+            if args.json {
+                print.json(&serde_json::json!({
+                    "consistent": recount.consistent,
+                    "mismatches": recount.mismatches,
+                }))?;
+            } else if recount.consistent {
+                println!("consistent: every counter equals its recount");
+            } else {
+                let mut table = table(&["table", "key", "recorded", "actual"]);
+                for mismatch in &recount.mismatches {
+                    table.add_row(vec![
+                        mismatch.table.clone(),
+                        mismatch.key.to_string(),
+                        mismatch.recorded.to_string(),
+                        mismatch.actual.to_string(),
+                    ]);
+                }
+                println!("{table}");
+            }
+            if recount.consistent {
+                Ok(())
+            } else {
+                Err(CliError::Found(format!(
+                    "{} counters differ from their recount",
+                    recount.mismatches.len()
+                )))
+            }
+        }
+    }
+}
+
+/// `fairway admin tokens`: a made token is printed once, alone on the last line, after what
+/// is stored of it; listings never hold a secret.
+async fn tokens(client: &Client, print: &Printer, command: TokenCommand) -> Result<(), CliError> {
+    match command {
+        TokenCommand::Create { role, tenants, services, name, expires } => {
+            let mut body = serde_json::json!({ "role": role });
+            if !tenants.is_empty() {
+                body["tenants"] = serde_json::json!(tenants);
+            }
+            if !services.is_empty() {
+                body["services"] = serde_json::json!(services);
+            }
+            if let Some(name) = name {
+                body["name"] = serde_json::json!(name);
+            }
+            if let Some(expires) = expires {
+                body["expires_in_seconds"] = serde_json::json!(expires.as_secs().max(1));
+            }
+            let created = client.create_token(&body).await?;
+            if print.json {
+                print.json(
+                    &serde_json::json!({ "token": created.token, "details": created.details }),
+                )
+            } else {
+                println!("{}", tokens_table(std::slice::from_ref(&created.details)));
+                println!("The token, shown this once (only its hash is stored):");
+                println!("{}", created.token);
+                Ok(())
+            }
+        }
+        TokenCommand::List => print.list(&client.tokens().await?, tokens_table),
+        TokenCommand::Revoke { token } => {
+            let id = match token.parse::<i64>() {
+                Ok(id) => id,
+                Err(_) => {
+                    let now = chrono::Utc::now();
+                    client
+                        .tokens()
+                        .await?
+                        .into_iter()
+                        .find(|listed| listed.name == token && listed.is_live(now))
+                        .map(|listed| listed.id)
+                        .ok_or_else(|| CliError::Input(format!("no live token named {token:?}")))?
+                }
+            };
+            let revoked = client.revoke_token(id).await?;
+            print.list(&[revoked], tokens_table)
+        }
+    }
+}
+
+/// Prints documents as a table, or as the API's JSON with `--json`.
+struct Printer {
+    json: bool,
+}
+
+impl Printer {
+    fn list<T: Serialize>(&self, rows: &[T], table: fn(&[T]) -> Table) -> Result<(), CliError> {
+        if self.json {
+            return self.json(&rows);
+        }
+        println!("{}", table(rows));
+        Ok(())
+    }
+
+    fn one<T: Serialize>(&self, document: &T, table: fn(&T) -> Table) -> Result<(), CliError> {
+        if self.json {
+            return self.json(document);
+        }
+        println!("{}", table(document));
+        Ok(())
+    }
+
+    fn json<T: Serialize + ?Sized>(&self, value: &T) -> Result<(), CliError> {
+        let text = serde_json::to_string_pretty(value)
+            .map_err(|error| CliError::Input(format!("cannot print the answer: {error}")))?;
+        println!("{text}");
+        Ok(())
+    }
+}
+
+fn table(header: &[&str]) -> Table {
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED).set_header(header.to_vec());
+    table
+}
+
+fn when(at: Option<chrono::DateTime<chrono::Utc>>) -> String {
+    at.map_or_else(|| "never".to_owned(), |at| at.format("%Y-%m-%d %H:%M:%S").to_string())
+}
+
+fn services_table(services: &[ServiceSummary]) -> Table {
+    let mut table = table(&[
+        "service",
+        "ready",
+        "running",
+        "paused",
+        "oldest ready",
+        "active users",
+        "claims/s",
+        "waiting workers",
+    ]);
+    for service in services {
+        let oldest = service
+            .oldest_ready_age_seconds
+            .map_or_else(|| "–".to_owned(), |seconds| format!("{seconds:.0} s"));
+        table.add_row(vec![
+            service.service.clone(),
+            service.ready.to_string(),
+            service.running.to_string(),
+            service.paused.to_string(),
+            oldest,
+            service.active_users.to_string(),
+            format!("{:.1}", service.claims_per_second),
+            service.waiting_workers.to_string(),
+        ]);
+    }
+    table
+}
+
+fn users_table(rows: &[UserWorkRow]) -> Table {
+    let mut table = table(&[
+        "user",
+        "tenant",
+        "service",
+        "component",
+        "job",
+        "step",
+        "sync",
+        "paused",
+        "ready",
+        "running",
+        "last worked",
+    ]);
+    for row in rows {
+        table.add_row(vec![
+            row.user.clone(),
+            row.tenant.clone(),
+            row.service.clone(),
+            row.component.clone(),
+            row.job_id.0.to_string(),
+            row.step.to_string(),
+            (!row.is_async).to_string(),
+            row.paused.to_string(),
+            row.ready_count.to_string(),
+            row.running_count.to_string(),
+            when(row.last_worked),
+        ]);
+    }
+    table
+}
+
+fn job_table(job: &JobDocument) -> Table {
+    let mut table = table(&[
+        "step",
+        "service",
+        "total",
+        "ready",
+        "running",
+        "successful",
+        "failed",
+        "canceled",
+    ]);
+    for (index, step) in job.steps.iter().enumerate() {
+        table.add_row(vec![
+            index.to_string(),
+            step.service.clone(),
+            step.total.to_string(),
+            step.ready.to_string(),
+            step.running.to_string(),
+            step.successful.to_string(),
+            step.failed.to_string(),
+            step.canceled.to_string(),
+        ]);
+    }
+    println!(
+        "job {}  user {}  tenant {}  status {}  progress {}%",
+        job.job_id.0,
+        job.user,
+        job.tenant,
+        job.status.as_str(),
+        job.progress
+    );
+    table
+}
+
+fn tenants_table(tenants: &[TenantDocument]) -> Table {
+    let mut table =
+        table(&["tenant", "max queriers", "max outstanding", "outstanding", "queriers"]);
+    for tenant in tenants {
+        let queriers = if tenant.sharded { tenant.queriers.join(", ") } else { "all".to_owned() };
+        table.add_row(vec![
+            tenant.tenant.clone(),
+            tenant.max_queriers.to_string(),
+            tenant.max_outstanding.to_string(),
+            tenant.outstanding.to_string(),
+            queriers,
+        ]);
+    }
+    table
+}
+
+fn queriers_table(queriers: &[QuerierDocument]) -> Table {
+    let mut table = table(&["querier", "state", "leases", "last request", "tenants"]);
+    for querier in queriers {
+        table.add_row(vec![
+            querier.querier.clone(),
+            querier.state.clone(),
+            querier.leases.to_string(),
+            when(Some(querier.last_request_at)),
+            querier.tenants.join(", "),
+        ]);
+    }
+    table
+}
+
+fn tokens_table(tokens: &[TokenDocument]) -> Table {
+    let mut table =
+        table(&["id", "name", "role", "scope", "created", "expires", "revoked", "last used"]);
+    for token in tokens {
+        let scope = match (&token.tenants, &token.services) {
+            (Some(tenants), _) => format!("tenants: {}", tenants.join(", ")),
+            (_, Some(services)) => format!("services: {}", services.join(", ")),
+            _ => "all".to_owned(),
+        };
+        let expires = token.expires_at.map_or_else(|| "never".to_owned(), |at| when(Some(at)));
+        let revoked = token.revoked_at.map_or_else(|| "–".to_owned(), |at| when(Some(at)));
+        table.add_row(vec![
+            token.id.to_string(),
+            token.name.clone(),
+            token.role.as_str().to_owned(),
+            scope,
+            when(Some(token.created_at)),
+            expires,
+            revoked,
+            when(token.last_used_at),
+        ]);
+    }
+    table
+}

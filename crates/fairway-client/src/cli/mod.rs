@@ -1,0 +1,32 @@
+//! The command-line tools that talk to a running broker over its HTTP API, through
+//! [`crate::client`]: `fairway admin`, `fairway submit` and `fairway worker`.
+
+mod admin;
+mod demo;
+mod submit;
+mod worker;
+
+pub use admin::run as admin;
+pub use demo::run as demo;
+pub use submit::run as submit;
+pub use worker::run as worker;
+
+use thiserror::Error;
+
+use crate::args::BrokerAddress;
+use crate::{Client, ClientError};
+
+#[derive(Debug, Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("{0}")]
+    Input(String),
+    /// The command ran, and what it found is a failure (an inconsistent recount).
+    #[error("{0}")]
+    Found(String),
+}
+
+fn client(broker: &BrokerAddress) -> Result<Client, CliError> {
+    Ok(Client::new(&broker.url, broker.token.clone())?)
+}

@@ -1,0 +1,348 @@
+//! A typed client of fairway's HTTP API, for Rust workers and tools. The `fairway admin`,
+//! `fairway submit` and `fairway worker` commands are built on it, and it decodes the same
+//! documents the broker serves.
+
+pub mod args;
+pub mod cli;
+
+use std::time::Duration;
+
+use reqwest::{Method, RequestBuilder, Response, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use thiserror::Error;
+
+use fairway_api::model::{
+    ItemStatus, JobDocument, JobId, Mismatch, UserShare, UserWorkRow, WorkItem,
+};
+use fairway_api::summary::ServiceSummary;
+use fairway_api::tenancy::{QuerierDocument, TenantDocument};
+use fairway_api::tokens::TokenDocument;
+
+#[derive(Debug, Error)]
+pub enum ClientError {
+    /// The broker answered with its JSON error.
+    #[error("{message} ({status}, {code})")]
+    Api { status: StatusCode, code: String, message: String },
+    /// The broker could not be reached, or its answer could not be read.
+    #[error("{0}")]
+    Transport(#[from] reqwest::Error),
+    /// The broker answered something that is not the documented document.
+    #[error("unexpected answer from the broker ({status}): {body}")]
+    Unexpected { status: StatusCode, body: String },
+}
+
+impl ClientError {
+    /// Whether asking again later may succeed: the broker or its database was unavailable.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Api { status, .. } | Self::Unexpected { status, .. } => status.is_server_error(),
+            Self::Transport(_) => true,
+        }
+    }
+}
+
+/// A broker's address and the HTTP client that talks to it. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Client {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+/// What a worker asks for.
+#[derive(Debug, Clone)]
+pub struct ClaimParams<'a> {
+    pub service: &'a str,
+    pub querier: &'a str,
+    /// The worker slot within the querier (0–1023).
+    pub worker: u32,
+    /// Most items to take (1–100).
+    pub max: u32,
+    /// How long to wait for work to appear (0–60 s).
+    pub wait: Duration,
+}
+
+/// A worker's report on the attempt it holds.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Report {
+    /// Still working: extends the lease.
+    Running {
+        attempt: i32,
+    },
+    Successful {
+        attempt: i32,
+        results: Vec<Value>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        component: Option<String>,
+    },
+    Failed {
+        attempt: i32,
+        error: Option<String>,
+        retryable: bool,
+    },
+}
+
+/// The answer to a report: the item's status now.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ReportAnswer {
+    pub id: i64,
+    pub status: ItemStatus,
+}
+
+/// The answer to a submission.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Submitted {
+    pub job_id: JobId,
+}
+
+/// What a job can be told to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobAction {
+    Pause,
+    Resume,
+    Cancel,
+}
+
+impl JobAction {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Pause => "pause",
+            Self::Resume => "resume",
+            Self::Cancel => "cancel",
+        }
+    }
+}
+
+/// A recount of every counter.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Consistency {
+    pub consistent: bool,
+    pub mismatches: Vec<Mismatch>,
+}
+
+#[derive(Deserialize)]
+struct Rows<T> {
+    rows: Vec<T>,
+}
+
+#[derive(Deserialize)]
+struct Services {
+    services: Vec<ServiceSummary>,
+}
+
+#[derive(Deserialize)]
+struct Shares {
+    users: Vec<UserShare>,
+}
+
+#[derive(Deserialize)]
+struct WorkItems {
+    work_items: Vec<WorkItem>,
+}
+
+#[derive(Deserialize)]
+struct Tenants {
+    tenants: Vec<TenantDocument>,
+}
+
+#[derive(Deserialize)]
+struct Queriers {
+    queriers: Vec<QuerierDocument>,
+}
+
+#[derive(Deserialize)]
+struct Tokens {
+    tokens: Vec<TokenDocument>,
+}
+
+/// A token just made: its secret, shown this once, and what is stored of it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CreatedToken {
+    pub token: String,
+    pub details: TokenDocument,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Deserialize)]
+struct ErrorDetail {
+    code: String,
+    message: String,
+}
+
+/// Longer than any long poll the broker holds (60 s), so that a wait ends at the broker.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(75);
+
+impl Client {
+    /// A client of the broker at `base` (for example `http://127.0.0.1:8080`), sending `token`
+    /// as a bearer token when given.
+    pub fn new(base: &str, token: Option<String>) -> Result<Self, ClientError> {
+        let http = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).build()?;
+        Ok(Self { base: base.trim_end_matches('/').to_owned(), token, http })
+    }
+
+    fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    /// Whether the broker is up and reaches its database.
+    pub async fn ready(&self) -> Result<(), ClientError> {
+        decode::<Value>(self.request(Method::GET, "/readyz").send().await?).await.map(|_| ())
+    }
+
+    /// Submits a job, given as the JSON body `POST /jobs` takes.
+    pub async fn submit(&self, job: &Value) -> Result<Submitted, ClientError> {
+        decode(self.request(Method::POST, "/jobs").json(job).send().await?).await
+    }
+
+    pub async fn job(&self, job_id: JobId) -> Result<JobDocument, ClientError> {
+        let path = format!("/jobs/{}", job_id.0);
+        decode(self.request(Method::GET, &path).send().await?).await
+    }
+
+    /// The job once it has finished, or as it is after `wait` (at most 60 s) if it has not.
+    pub async fn wait_for_job(
+        &self,
+        job_id: JobId,
+        wait: Duration,
+    ) -> Result<JobDocument, ClientError> {
+        let path = format!("/jobs/{}", job_id.0);
+        let query = [("wait", wait.as_secs().to_string())];
+        decode(self.request(Method::GET, &path).query(&query).send().await?).await
+    }
+
+    /// Pauses, resumes or cancels a job, and returns it as it is now.
+    pub async fn steer(
+        &self,
+        job_id: JobId,
+        action: JobAction,
+    ) -> Result<JobDocument, ClientError> {
+        let path = format!("/jobs/{}/{}", job_id.0, action.as_str());
+        decode(self.request(Method::POST, &path).send().await?).await
+    }
+
+    /// Claims work; an empty answer means none came within the wait.
+    pub async fn claim(&self, params: &ClaimParams<'_>) -> Result<Vec<WorkItem>, ClientError> {
+        let query = [
+            ("service", params.service.to_owned()),
+            ("querier", params.querier.to_owned()),
+            ("worker", params.worker.to_string()),
+            ("max", params.max.to_string()),
+            ("wait", params.wait.as_secs().to_string()),
+        ];
+        let response = self.request(Method::GET, "/work").query(&query).send().await?;
+        if response.status() == StatusCode::NO_CONTENT {
+            return Ok(Vec::new());
+        }
+        Ok(decode::<WorkItems>(response).await?.work_items)
+    }
+
+    pub async fn report(&self, item: i64, report: &Report) -> Result<ReportAnswer, ClientError> {
+        let path = format!("/work/{item}/status");
+        decode(self.request(Method::POST, &path).json(report).send().await?).await
+    }
+
+    /// Rows of the user_work table, optionally of one service and one user.
+    pub async fn user_work(
+        &self,
+        service: Option<&str>,
+        user: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<UserWorkRow>, ClientError> {
+        let mut query = vec![("limit", limit.to_string())];
+        query.extend(service.map(|service| ("service", service.to_owned())));
+        query.extend(user.map(|user| ("user", user.to_owned())));
+        let response = self.request(Method::GET, "/admin/user-work").query(&query).send().await?;
+        Ok(decode::<Rows<UserWorkRow>>(response).await?.rows)
+    }
+
+    /// Each service's queue, and this broker's claims per second and waiting workers.
+    pub async fn services(&self) -> Result<Vec<ServiceSummary>, ClientError> {
+        let response = self.request(Method::GET, "/admin/services").send().await?;
+        Ok(decode::<Services>(response).await?.services)
+    }
+
+    /// The users with the most running items of `service`, with their ready items.
+    pub async fn shares(&self, service: &str, limit: u32) -> Result<Vec<UserShare>, ClientError> {
+        let query = [("service", service.to_owned()), ("limit", limit.to_string())];
+        let response = self.request(Method::GET, "/admin/shares").query(&query).send().await?;
+        Ok(decode::<Shares>(response).await?.users)
+    }
+
+    pub async fn tenants(&self) -> Result<Vec<TenantDocument>, ClientError> {
+        let response = self.request(Method::GET, "/admin/tenants").send().await?;
+        Ok(decode::<Tenants>(response).await?.tenants)
+    }
+
+    pub async fn tenant(&self, tenant: &str) -> Result<TenantDocument, ClientError> {
+        let path = format!("/admin/tenants/{tenant}");
+        decode(self.request(Method::GET, &path).send().await?).await
+    }
+
+    /// Sets a tenant's limits (0: all queriers, no limit), creating it if needed.
+    pub async fn set_tenant(
+        &self,
+        tenant: &str,
+        max_queriers: u32,
+        max_outstanding: u32,
+    ) -> Result<TenantDocument, ClientError> {
+        let path = format!("/admin/tenants/{tenant}");
+        let body = json!({ "max_queriers": max_queriers, "max_outstanding": max_outstanding });
+        decode(self.request(Method::PUT, &path).json(&body).send().await?).await
+    }
+
+    pub async fn queriers(&self) -> Result<Vec<QuerierDocument>, ClientError> {
+        let response = self.request(Method::GET, "/admin/queriers").send().await?;
+        Ok(decode::<Queriers>(response).await?.queriers)
+    }
+
+    pub async fn consistency(&self) -> Result<Consistency, ClientError> {
+        decode(self.request(Method::GET, "/admin/consistency").send().await?).await
+    }
+
+    /// Makes a token, as the body of `POST /admin/tokens` describes it.
+    pub async fn create_token(&self, body: &Value) -> Result<CreatedToken, ClientError> {
+        decode(self.request(Method::POST, "/admin/tokens").json(body).send().await?).await
+    }
+
+    pub async fn tokens(&self) -> Result<Vec<TokenDocument>, ClientError> {
+        let response = self.request(Method::GET, "/admin/tokens").send().await?;
+        Ok(decode::<Tokens>(response).await?.tokens)
+    }
+
+    pub async fn revoke_token(&self, id: i64) -> Result<TokenDocument, ClientError> {
+        let path = format!("/admin/tokens/{id}/revoke");
+        decode(self.request(Method::POST, &path).send().await?).await
+    }
+}
+
+/// The document a successful answer holds, or the broker's error.
+async fn decode<T: DeserializeOwned>(response: Response) -> Result<T, ClientError> {
+    let status = response.status();
+    let body = response.bytes().await?;
+    if status.is_success() {
+        return serde_json::from_slice(&body).map_err(|_| ClientError::Unexpected {
+            status,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        });
+    }
+    match serde_json::from_slice::<ErrorBody>(&body) {
+        Ok(ErrorBody { error }) => {
+            Err(ClientError::Api { status, code: error.code, message: error.message })
+        }
+        Err(_) => Err(ClientError::Unexpected {
+            status,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }),
+    }
+}

@@ -1,0 +1,311 @@
+//! What operators look at: the user_work table, the consistency check and health probes.
+
+use std::collections::BTreeMap;
+
+use actix_web::{web, HttpResponse};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::error::{ApiError, ErrorBody};
+use super::{endpoint, non_empty};
+use fairway_api::model::{
+    Mismatch, ServiceName, StrategyUsage, TenantName, UserShare, UserWorkCursor, UserWorkRow,
+};
+use fairway_api::pages::PageLimit;
+use fairway_api::strategy::valid_key;
+use fairway_api::summary::ServiceSummary;
+use fairway_api::tenancy::{QuerierDocument, TenantDocument, TenantLimits};
+use fairway_broker::Broker;
+
+const DEFAULT_SHARES: i64 = 10;
+const MAX_SHARES: i64 = 100;
+
+pub fn routes(config: &mut web::ServiceConfig) {
+    config
+        .service(endpoint("/admin/user-work").route(web::get().to(user_work)))
+        .service(endpoint("/admin/shares").route(web::get().to(shares)))
+        .service(endpoint("/admin/services").route(web::get().to(services)))
+        .service(endpoint("/admin/consistency").route(web::get().to(consistency)))
+        .service(endpoint("/admin/strategies/usage").route(web::get().to(strategy_usage)))
+        .service(endpoint("/admin/waiting-workers").route(web::get().to(waiting_workers)))
+        .service(endpoint("/admin/queriers").route(web::get().to(queriers)))
+        .service(endpoint("/admin/tenants").route(web::get().to(tenants)))
+        .service(
+            endpoint("/admin/tenants/{tenant}")
+                .route(web::get().to(tenant))
+                .route(web::put().to(set_tenant)),
+        )
+        .service(endpoint("/metrics").route(web::get().to(metrics)))
+        .service(endpoint("/healthz").route(web::get().to(healthz)))
+        .service(endpoint("/readyz").route(web::get().to(readyz)));
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct UserWorkQuery {
+    /// Only this service's rows; empty: every service.
+    service: Option<String>,
+    /// Only this user's rows; empty: every user.
+    user: Option<String>,
+    /// Most rows (default 1,000).
+    #[param(minimum = 1, maximum = 10000)]
+    limit: Option<i64>,
+    /// The `next_cursor` of the page before; empty or absent: from the start.
+    after: Option<String>,
+}
+
+/// A page of the user_work table.
+#[derive(Serialize, ToSchema)]
+pub struct UserWorkRows {
+    rows: Vec<UserWorkRow>,
+    /// Where the next page starts, when this one is full.
+    next_cursor: Option<String>,
+}
+
+/// Rows of the user_work table: who has work where, in user and service order.
+#[utoipa::path(get, path = "/admin/user-work", tag = "admin", params(UserWorkQuery),
+    responses((status = 200, description = "The rows.", body = UserWorkRows)))]
+async fn user_work(
+    broker: web::Data<Broker>,
+    query: web::Query<UserWorkQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let limit = query.limit.map(PageLimit::new).transpose()?.unwrap_or_default();
+    let after = non_empty(&query.after).map(UserWorkCursor::parse).transpose()?;
+    let (service, user) = (non_empty(&query.service), non_empty(&query.user));
+    let rows = broker.user_work(service, user, limit.get(), after.as_ref()).await?;
+    let next_cursor =
+        rows.last().filter(|_| limit.filled_by(rows.len())).map(UserWorkCursor::after);
+    Ok(HttpResponse::Ok().json(UserWorkRows { rows, next_cursor }))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct SharesQuery {
+    /// The service.
+    #[param(min_length = 1, max_length = 255, pattern = "^[A-Za-z0-9._:/@-]+$")]
+    service: String,
+    /// Most users (default 10).
+    #[param(minimum = 1, maximum = 100)]
+    limit: Option<i64>,
+}
+
+/// Who shares a service's workers now.
+#[derive(Serialize, ToSchema)]
+pub struct Shares {
+    service: String,
+    users: Vec<UserShare>,
+}
+
+/// The users with the most running items of a service, with their ready items: each one's
+/// share of the service's workers right now.
+#[utoipa::path(get, path = "/admin/shares", tag = "admin", params(SharesQuery),
+    responses((status = 200, description = "The users, most running first.", body = Shares)))]
+async fn shares(
+    broker: web::Data<Broker>,
+    query: web::Query<SharesQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let query = query.into_inner();
+    let service = ServiceName::parse(&query.service)?;
+    let limit = query.limit.unwrap_or(DEFAULT_SHARES);
+    if !(1..=MAX_SHARES).contains(&limit) {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            format!("limit must be between 1 and {MAX_SHARES}"),
+        ));
+    }
+    let users = broker.user_shares(service.as_str(), limit).await?;
+    Ok(HttpResponse::Ok().json(Shares { service: query.service, users }))
+}
+
+/// Every service the broker has seen work for.
+#[derive(Serialize, ToSchema)]
+pub struct Services {
+    services: Vec<ServiceSummary>,
+}
+
+/// Each service's queue: ready, running and paused items, the oldest ready item's age and
+/// active users (the same numbers as `/metrics`, as fresh as `--metrics-refresh`), and this
+/// broker's claims per second and waiting workers.
+#[utoipa::path(get, path = "/admin/services", tag = "admin",
+    responses((status = 200, description = "The services, by name.", body = Services)))]
+async fn services(broker: web::Data<Broker>) -> HttpResponse {
+    HttpResponse::Ok().json(Services { services: broker.service_summaries().await })
+}
+
+/// Every querier.
+#[derive(Serialize, ToSchema)]
+pub struct Queriers {
+    queriers: Vec<QuerierDocument>,
+}
+
+/// Every tenant.
+#[derive(Serialize, ToSchema)]
+pub struct Tenants {
+    tenants: Vec<TenantDocument>,
+}
+
+/// Each querier: state, last request, leases held, the sharded tenants it serves.
+#[utoipa::path(get, path = "/admin/queriers", tag = "admin",
+    responses((status = 200, description = "The queriers.", body = Queriers)))]
+async fn queriers(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(Queriers { queriers: broker.queriers().await? }))
+}
+
+/// Every tenant's limits, waiting items and the queriers that serve it now.
+#[utoipa::path(get, path = "/admin/tenants", tag = "admin",
+    responses((status = 200, description = "The tenants.", body = Tenants)))]
+async fn tenants(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(Tenants { tenants: broker.tenants().await? }))
+}
+
+/// One tenant's limits, waiting items and the queriers that serve it now.
+#[utoipa::path(get, path = "/admin/tenants/{tenant}", tag = "admin",
+    params(("tenant" = String, Path, description = "The tenant")),
+    responses(
+        (status = 200, description = "The tenant.", body = TenantDocument),
+        (status = 404, description = "No such tenant.", body = ErrorBody),
+))]
+async fn tenant(
+    broker: web::Data<Broker>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let tenant = TenantName::parse(&path.into_inner())?;
+    Ok(HttpResponse::Ok().json(broker.tenant(&tenant).await?))
+}
+
+/// A tenant's limits.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TenantBody {
+    /// Queriers that serve the tenant; 0: all of them.
+    #[schema(minimum = 0, maximum = 2147483647)]
+    max_queriers: u32,
+    /// Most ready items the tenant may have waiting; 0: no limit.
+    #[schema(minimum = 0, maximum = 2147483647)]
+    max_outstanding: u32,
+}
+
+/// Set a tenant's limits, creating it if needed; the shards are redrawn.
+#[utoipa::path(put, path = "/admin/tenants/{tenant}", tag = "admin", request_body = TenantBody,
+    params(("tenant" = String, Path, description = "The tenant")),
+    responses((status = 200, description = "The tenant as it is now.", body = TenantDocument)))]
+async fn set_tenant(
+    broker: web::Data<Broker>,
+    path: web::Path<String>,
+    body: web::Json<TenantBody>,
+) -> Result<HttpResponse, ApiError> {
+    let tenant = TenantName::parse(&path.into_inner())?;
+    let limit = |name: &str, value: u32| {
+        i32::try_from(value).map_err(|_| {
+            ApiError::bad_request("invalid_body", format!("{name} must be at most {}", i32::MAX))
+        })
+    };
+    let limits = TenantLimits {
+        max_queriers: limit("max_queriers", body.max_queriers)?,
+        max_outstanding: limit("max_outstanding", body.max_outstanding)?,
+    };
+    Ok(HttpResponse::Ok().json(broker.set_tenant(&tenant, limits).await?))
+}
+
+/// A recount of every counter from the work items.
+#[derive(Serialize, ToSchema)]
+pub struct Consistency {
+    consistent: bool,
+    mismatches: Vec<Mismatch>,
+}
+
+/// Recount every counter from the work items and report each difference.
+#[utoipa::path(get, path = "/admin/consistency", tag = "admin",
+    responses((status = 200, description = "The recount.", body = Consistency)))]
+async fn consistency(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+    let mismatches = broker.check_consistency().await?;
+    Ok(HttpResponse::Ok().json(Consistency { consistent: mismatches.is_empty(), mismatches }))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct UsageQuery {
+    /// The service whose items are counted.
+    service: String,
+    /// The metadata key whose values are listed: 1 to 64 characters of `[a-z0-9_.-]`.
+    key: String,
+}
+
+/// Each value of a metadata key with its items of a service.
+#[derive(Serialize, ToSchema)]
+pub struct StrategyUsageReport {
+    service: String,
+    key: String,
+    values: Vec<StrategyUsage>,
+}
+
+/// Each value of a metadata key, with its items of a service running (what max_simultaneous
+/// and prefer_distinct count) and ready: a capped customer's state.
+#[utoipa::path(get, path = "/admin/strategies/usage", tag = "admin", params(UsageQuery),
+    responses((status = 200, description = "Each value with items.", body = StrategyUsageReport)))]
+async fn strategy_usage(
+    broker: web::Data<Broker>,
+    query: web::Query<UsageQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let service = ServiceName::parse(&query.service)?;
+    if !valid_key(&query.key) {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            "key must be 1 to 64 characters of [a-z0-9_.-]",
+        ));
+    }
+    let values = broker.strategy_usage(service.as_str(), &query.key).await?;
+    let UsageQuery { service, key } = query.into_inner();
+    Ok(HttpResponse::Ok().json(StrategyUsageReport { service, key, values }))
+}
+
+/// Workers long-polling this broker process, per service.
+#[derive(Serialize, ToSchema)]
+pub struct WaitingWorkers {
+    services: BTreeMap<String, usize>,
+}
+
+/// Workers long-polling this broker process, per service: idle capacity.
+#[utoipa::path(get, path = "/admin/waiting-workers", tag = "admin",
+    responses((status = 200, description = "Per service.", body = WaitingWorkers)))]
+async fn waiting_workers(broker: web::Data<Broker>) -> HttpResponse {
+    HttpResponse::Ok().json(WaitingWorkers { services: broker.waiting_workers() })
+}
+
+/// Prometheus metrics, in the text exposition format; the queue gauges are at most
+/// --metrics-refresh old.
+#[utoipa::path(get, path = "/metrics", tag = "probes",
+    responses((status = 200, description = "Every metric, in Prometheus' text format.",
+        content_type = "text/plain", body = String)))]
+async fn metrics(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+    let text = broker.metrics_text().await?;
+    Ok(HttpResponse::Ok().content_type(fairway_broker::metrics::content_type()).body(text))
+}
+
+/// A probe's answer.
+#[derive(Serialize, ToSchema)]
+pub struct Health {
+    /// `ok` or `ready`.
+    status: &'static str,
+}
+
+/// The process is up.
+#[utoipa::path(get, path = "/healthz", tag = "probes",
+    responses((status = 200, description = "Up.", body = Health)))]
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(Health { status: "ok" })
+}
+
+/// The database answers.
+#[utoipa::path(get, path = "/readyz", tag = "probes",
+    responses((status = 200, description = "Ready to serve.", body = Health)))]
+async fn readyz(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+    if broker.is_draining() {
+        return Err(ApiError::ShuttingDown);
+    }
+    broker.ping().await?;
+    Ok(HttpResponse::Ok().json(Health { status: "ready" }))
+}

@@ -1,0 +1,205 @@
+//! The flags of `fairway serve`: every knob of a running broker, with its environment variable.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Args;
+use fairway_api::positive_duration;
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address the HTTP server listens on.
+    #[arg(long, env = "FAIRWAY_BIND", default_value = "127.0.0.1:8080")]
+    pub bind: SocketAddr,
+
+    #[command(flatten)]
+    pub pool: PoolArgs,
+
+    /// How long a claimed work item stays leased to its worker without a heartbeat.
+    #[arg(long, env = "FAIRWAY_LEASE", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub lease: Duration,
+
+    /// How long a claim first leases its item, when shorter than --lease: the worker's first
+    /// heartbeat or report extends it to --lease. An item whose worker never got the answer (or
+    /// died at once) is then back within this plus --reap-interval; workers must heartbeat
+    /// within it. 0s: off, a claim leases for --lease.
+    #[arg(long, env = "FAIRWAY_FIRST_LEASE", default_value = "0s", value_parser = humantime::parse_duration)]
+    pub first_lease: Duration,
+
+    /// Retries after a retryable failure before an item fails for good.
+    #[arg(long, env = "FAIRWAY_MAX_RETRIES", default_value_t = 3)]
+    pub max_retries: u32,
+
+    /// How often the lease reaper looks for expired leases.
+    #[arg(long, env = "FAIRWAY_REAP_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub reap_interval: Duration,
+
+    /// How long a querier that makes no work request and holds no lease stays a member of
+    /// tenant shards before it is forgotten.
+    #[arg(long, env = "FAIRWAY_QUERIER_FORGET_DELAY", default_value = "1m", value_parser = humantime::parse_duration)]
+    pub querier_forget_delay: Duration,
+
+    /// How long the broker takes to stop on SIGTERM or SIGINT, at most. It answers 503 on
+    /// /readyz and 204 to waiting long polls at once, starts no claim, lets the transactions in
+    /// flight commit and answer, then exits; what is still running after this long is cut off.
+    #[arg(long, env = "FAIRWAY_SHUTDOWN_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
+    pub shutdown_timeout: Duration,
+
+    /// Largest request body accepted, in bytes; larger bodies get 413.
+    #[arg(long, env = "FAIRWAY_MAX_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Longest the broker holds a long poll, whatever its `wait` asks (which may be up to 60 s).
+    /// Lower it below the idle timeout of any proxy between workers and the broker.
+    #[arg(long, env = "FAIRWAY_LONG_POLL_MAX", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub long_poll_max: Duration,
+
+    #[command(flatten)]
+    pub batches: BatchArgs,
+
+    #[command(flatten)]
+    pub vacuum: VacuumArgs,
+
+    #[command(flatten)]
+    pub prune: PruneArgs,
+
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
+
+    #[command(flatten)]
+    pub auth: AuthArgs,
+}
+
+impl ServeArgs {
+    /// A broker for tests and the benchmark to run in-process: an ephemeral loopback port, auth
+    /// off unless the database holds tokens, and no background vacuum or pruning, so that
+    /// nothing moves a test's plans, statistics or jobs under it. Callers change what they need.
+    pub fn for_tests() -> Self {
+        Self {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            pool: PoolArgs { pool_size: 40 },
+            lease: Duration::from_secs(300),
+            first_lease: Duration::ZERO,
+            max_retries: 3,
+            reap_interval: Duration::from_secs(1),
+            querier_forget_delay: Duration::from_secs(60),
+            shutdown_timeout: Duration::from_secs(20),
+            max_body_bytes: 1024 * 1024,
+            long_poll_max: Duration::from_secs(60),
+            batches: BatchArgs { batch_lanes: 1, batch_max: 32 },
+            vacuum: VacuumArgs { vacuum_interval: Duration::ZERO },
+            prune: PruneArgs { retention: Duration::ZERO, prune_interval: Duration::from_secs(60) },
+            metrics: MetricsArgs {
+                metrics_refresh: Duration::from_secs(5),
+                metrics_tenant_label: false,
+            },
+            auth: AuthArgs::default(),
+        }
+    }
+}
+
+/// The broker's connections to PostgreSQL.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct PoolArgs {
+    /// Connections in the broker's database pool.
+    #[arg(long, env = "FAIRWAY_DB_POOL_SIZE", default_value_t = 32)]
+    pub pool_size: usize,
+}
+
+/// Who may use the broker (docs/security.md).
+#[derive(Debug, Clone, Args)]
+pub struct AuthArgs {
+    /// An admin token (at least 32 characters) whose hash the broker stores at start-up, unless
+    /// it is there already; auth is then on. Make one with
+    /// `head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n'`.
+    #[arg(long, env = "FAIRWAY_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// Serve a non-loopback --bind with auth off (no FAIRWAY_ADMIN_TOKEN and no token in the
+    /// database): anyone who reaches the port may do anything. Without it such a broker
+    /// refuses to start; with it, it warns at every start.
+    #[arg(long, env = "FAIRWAY_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
+
+    /// Answer /metrics only to an admin or reader token while auth is on (it is open by
+    /// default, as /healthz and /readyz are).
+    #[arg(long, env = "FAIRWAY_METRICS_REQUIRE_TOKEN")]
+    pub metrics_require_token: bool,
+
+    /// How long a broker trusts a token it looked up: a revoked token is refused by every
+    /// broker within this, and auth turns on this long after the first token is made.
+    #[arg(long, env = "FAIRWAY_AUTH_CACHE_TTL", default_value = "5s", value_parser = positive_duration)]
+    pub auth_cache_ttl: Duration,
+}
+
+impl Default for AuthArgs {
+    /// Auth off unless the database holds tokens; what the tests and the benchmark start with.
+    fn default() -> Self {
+        Self {
+            admin_token: None,
+            insecure_no_auth: false,
+            metrics_require_token: false,
+            auth_cache_ttl: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What `GET /metrics` reports.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct MetricsArgs {
+    /// Most age of the queue gauges /metrics reads from the database (items per state, oldest
+    /// ready item, active users). However often Prometheus scrapes and however many brokers
+    /// there are, the database computes them at most once per this interval.
+    #[arg(long, env = "FAIRWAY_METRICS_REFRESH", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub metrics_refresh: Duration,
+
+    /// Label the per-queue metrics with the tenant too. Off by default: each tenant multiplies
+    /// the series Prometheus stores.
+    #[arg(long, env = "FAIRWAY_METRICS_TENANT_LABEL")]
+    pub metrics_tenant_label: bool,
+}
+
+/// How long finished jobs are kept, and how often the broker deletes older ones.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct PruneArgs {
+    /// How long a finished job (successful, complete_with_errors, failed or canceled) is kept,
+    /// with its items and results, after it finished; then the pruner deletes it and its id
+    /// answers 404. 0s keeps every job for ever.
+    #[arg(long, env = "FAIRWAY_RETENTION", default_value = "7days", value_parser = humantime::parse_duration)]
+    pub retention: Duration,
+
+    /// How often the pruner looks for jobs past --retention. Brokers sharing a database take
+    /// turns: one prunes at a time.
+    #[arg(long, env = "FAIRWAY_PRUNE_INTERVAL", default_value = "1m", value_parser = positive_duration)]
+    pub prune_interval: Duration,
+}
+
+/// How often the broker vacuums the fair order's tables itself.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct VacuumArgs {
+    /// How often the broker vacuums the small tables that hold the fair order. Every claim and
+    /// completion rewrites their rows, and the dead index entries pile up at the head of the
+    /// order, where each claim starts reading; autovacuum may come by only once a minute.
+    /// 0s: leave them to autovacuum.
+    #[arg(long, env = "FAIRWAY_VACUUM_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub vacuum_interval: Duration,
+}
+
+/// How the broker gathers concurrent claims, and concurrent reports that end attempts, into
+/// shared transactions (group commit).
+#[derive(Debug, Clone, Copy, Args)]
+pub struct BatchArgs {
+    /// How many claim transactions, and how many transactions ending attempts, run at once;
+    /// requests that arrive meanwhile queue and go together in the next one. More claim lanes
+    /// race each other for the head of the same fair order.
+    #[arg(long, env = "FAIRWAY_BATCH_LANES", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub batch_lanes: u16,
+
+    /// Most requests one such transaction serves. Batches smaller than the number of workers
+    /// let a claim transaction and an ending transaction run side by side, on different
+    /// workers' requests.
+    #[arg(long, env = "FAIRWAY_BATCH_MAX", default_value_t = 12,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub batch_max: u16,
+}

@@ -1,0 +1,181 @@
+//! The one place where errors become HTTP responses:
+//! `{"error": {"code": "<snake_case>", "message": "<human text>"}}`.
+
+use actix_web::error::{JsonPayloadError, PathError, QueryPayloadError};
+use actix_web::http::{header, StatusCode};
+use actix_web::{HttpRequest, HttpResponse, ResponseError};
+use serde::Serialize;
+use thiserror::Error;
+use utoipa::ToSchema;
+
+use fairway_broker::auth::Refusal;
+use fairway_broker::BrokerError;
+
+/// Retry-After, in seconds, of a request whose transaction kept deadlocking.
+const CONTENDED_RETRY_AFTER_SECONDS: u32 = 1;
+
+/// Every error answer's body.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable, snake_case: what to branch on.
+    code: &'static str,
+    /// For people.
+    message: String,
+}
+
+impl From<fairway_api::Invalid> for ApiError {
+    fn from(invalid: fairway_api::Invalid) -> Self {
+        Self::Broker(invalid.into())
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+
+    /// The request could not be read as the endpoint expects.
+    #[error("{message}")]
+    BadRequest { code: &'static str, message: String },
+
+    #[error("request body is larger than {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+
+    #[error("no such endpoint: {path}")]
+    NoSuchRoute { path: String },
+
+    #[error("{path} does not take {method}")]
+    WrongMethod { method: String, path: String },
+
+    /// The broker is stopping: send the request to another one.
+    #[error("this broker is shutting down")]
+    ShuttingDown,
+
+    /// No usable token: 401, with `WWW-Authenticate: Bearer`.
+    #[error("{}", .0.message())]
+    Unauthenticated(Refusal),
+
+    /// The token's role or scope does not allow this: 403.
+    #[error("{message}")]
+    Forbidden { code: &'static str, message: String },
+}
+
+impl ApiError {
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::BadRequest { code, message: message.into() }
+    }
+
+    pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
+        Self::Forbidden { code, message: message.into() }
+    }
+
+    fn code(&self) -> &'static str {
+        match self {
+            Self::Broker(BrokerError::Invalid { code, .. })
+            | Self::Broker(BrokerError::NotFound { code, .. })
+            | Self::Broker(BrokerError::Conflict { code, .. })
+            | Self::Broker(BrokerError::Forbidden { code, .. })
+            | Self::Forbidden { code, .. }
+            | Self::BadRequest { code, .. } => code,
+            Self::Broker(BrokerError::TooManyOutstanding(_)) => "too_many_outstanding",
+            Self::Broker(BrokerError::QuerierShuttingDown(_)) => "querier_shutting_down",
+            Self::Broker(BrokerError::Unavailable(_)) => "database_unavailable",
+            Self::Broker(BrokerError::Contended { .. }) => "database_contention",
+            Self::Broker(
+                BrokerError::Database(_) | BrokerError::BatchLost | BrokerError::Metrics(_),
+            ) => "internal_error",
+            Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::NoSuchRoute { .. } => "not_found",
+            Self::WrongMethod { .. } => "method_not_allowed",
+            Self::ShuttingDown => "shutting_down",
+            Self::Unauthenticated(Refusal::Missing) => "missing_token",
+            Self::Unauthenticated(Refusal::Malformed | Refusal::Unknown) => "invalid_token",
+            Self::Unauthenticated(Refusal::Expired) => "token_expired",
+            Self::Unauthenticated(Refusal::Revoked) => "token_revoked",
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            Self::Broker(BrokerError::Invalid { .. }) | Self::BadRequest { .. } => {
+                StatusCode::BAD_REQUEST
+            }
+            Self::Broker(BrokerError::NotFound { .. }) => StatusCode::NOT_FOUND,
+            Self::Broker(BrokerError::Conflict { .. }) => StatusCode::CONFLICT,
+            Self::Broker(BrokerError::TooManyOutstanding(_)) => StatusCode::TOO_MANY_REQUESTS,
+            Self::Broker(BrokerError::QuerierShuttingDown(_)) => StatusCode::GONE,
+            Self::Broker(BrokerError::Unavailable(_) | BrokerError::Contended { .. }) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::Broker(
+                BrokerError::Database(_) | BrokerError::BatchLost | BrokerError::Metrics(_),
+            ) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::NoSuchRoute { .. } => StatusCode::NOT_FOUND,
+            Self::WrongMethod { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            Self::Broker(BrokerError::Forbidden { .. }) | Self::Forbidden { .. } => {
+                StatusCode::FORBIDDEN
+            }
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let status = self.status_code();
+        // Unexpected database errors are logged in full and reported without internals.
+        let message = if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!(error = ?self, "request failed");
+            "internal error; see the broker's log".to_owned()
+        } else {
+            self.to_string()
+        };
+        let mut response = HttpResponse::build(status);
+        if let Self::Unauthenticated(refusal) = self {
+            // RFC 6750: a presented token that failed is an invalid_token; none, no error.
+            let challenge = match refusal {
+                Refusal::Missing => r#"Bearer realm="fairway""#,
+                _ => r#"Bearer realm="fairway", error="invalid_token""#,
+            };
+            response.insert_header((actix_web::http::header::WWW_AUTHENTICATE, challenge));
+        }
+        // Contention passes: the same request, sent again shortly, most likely goes through.
+        if let Self::Broker(BrokerError::Contended { .. }) = self {
+            response.insert_header((header::RETRY_AFTER, CONTENDED_RETRY_AFTER_SECONDS));
+        }
+        response.json(ErrorBody { error: ErrorDetail { code: self.code(), message } })
+    }
+}
+
+/// Turns an unreadable JSON body into a JSON error: 413 when too large, else 400.
+pub fn json_error(limit: usize) -> impl Fn(JsonPayloadError, &HttpRequest) -> actix_web::Error {
+    move |error, _| {
+        let api_error = match error {
+            JsonPayloadError::Overflow { .. } | JsonPayloadError::OverflowKnownLength { .. } => {
+                ApiError::PayloadTooLarge { limit }
+            }
+            JsonPayloadError::Deserialize(error) => {
+                ApiError::bad_request("invalid_body", format!("invalid request body: {error}"))
+            }
+            other => {
+                ApiError::bad_request("invalid_body", format!("invalid request body: {other}"))
+            }
+        };
+        api_error.into()
+    }
+}
+
+pub fn query_error(error: QueryPayloadError, _: &HttpRequest) -> actix_web::Error {
+    ApiError::bad_request("invalid_query", format!("invalid query string: {error}")).into()
+}
+
+pub fn path_error(error: PathError, _: &HttpRequest) -> actix_web::Error {
+    ApiError::bad_request("invalid_path", format!("invalid path: {error}")).into()
+}

@@ -1,0 +1,424 @@
+//! Producers submit jobs and steer them.
+
+use std::time::Duration;
+
+use actix_web::{web, HttpResponse};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use super::error::{ApiError, ErrorBody};
+use super::{endpoint, non_empty, number, page_limit};
+use crate::auth::{check_tenant, Caller};
+use fairway_api::model::{
+    ActorPath, ComponentName, ItemStatus, JobDocument, JobId, JobStatus, NewItem, NewJob,
+    ServiceName, StepSpec, TenantName, UserName,
+};
+use fairway_api::pages::{
+    ItemFilter, ItemsCursor, ItemsPage, JobOwner, JobsCursor, JobsPage, ResultsCursor, ResultsPage,
+};
+use fairway_api::strategy::{parse_priority, Metadata};
+use fairway_broker::auth::Principal;
+use fairway_broker::Broker;
+
+/// The longest a producer may ask to wait for a job in one request, in seconds.
+const MAX_WAIT_SECONDS: u64 = 60;
+
+pub fn routes(config: &mut web::ServiceConfig) {
+    config
+        .service(
+            endpoint("/jobs").route(web::post().to(submit_job)).route(web::get().to(list_jobs)),
+        )
+        .service(endpoint("/jobs/{job_id}").route(web::get().to(get_job)))
+        .service(
+            endpoint("/jobs/{job_id}/items")
+                .route(web::post().to(append_items))
+                .route(web::get().to(list_items)),
+        )
+        .service(endpoint("/jobs/{job_id}/results").route(web::get().to(job_results)))
+        // After /items and /results: routes match in the order they are registered.
+        .service(endpoint("/jobs/{job_id}/{action}").route(web::post().to(steer_job)));
+}
+
+/// A job to submit: a workflow of steps, and the first step's items.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobBody {
+    /// Who the job is for: fairness is between users.
+    #[schema(min_length = 1, max_length = 255)]
+    user: String,
+    /// Default `default`.
+    #[schema(min_length = 1, max_length = 255)]
+    tenant: Option<String>,
+    /// Loki's actor path below the user, at most three names.
+    #[serde(default)]
+    #[schema(max_items = 3)]
+    actor: Vec<String>,
+    /// Synchronous jobs (false) go before the user's asynchronous ones.
+    #[serde(default = "default_is_async")]
+    #[schema(default = true)]
+    is_async: bool,
+    #[schema(min_items = 1)]
+    steps: Vec<StepBody>,
+    items: Vec<ItemBody>,
+    /// Strategic metadata that claim strategies filter and count by: at most 16 keys of
+    /// `[a-z0-9_.-]{1,64}`, each a string of 1 to 255 characters or an integer. (Read as any
+    /// JSON, so that a bad shape gets invalid_metadata rather than invalid_body.)
+    #[schema(value_type = Option<Object>)]
+    metadata: Option<Value>,
+    /// Higher goes first under the `priority` strategy: -1,000,000 to 1,000,000, default 0.
+    #[schema(value_type = Option<i64>, minimum = -1000000, maximum = 1000000, default = 0)]
+    priority: Option<Value>,
+}
+
+fn default_is_async() -> bool {
+    true
+}
+
+/// One step of the workflow.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StepBody {
+    /// Characters of `[A-Za-z0-9._:/@-]`.
+    #[schema(min_length = 1, max_length = 255, pattern = "^[A-Za-z0-9._:/@-]+$")]
+    service: String,
+    /// One item whose inputs are every result of the step before, once it has finished.
+    #[serde(default)]
+    aggregate: bool,
+}
+
+/// A work item of the first step.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ItemBody {
+    /// Any JSON, handed to the worker as it is.
+    #[serde(default)]
+    payload: Value,
+    /// The query component the item needs; default `unknown`.
+    #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9_-]+$")]
+    component: Option<String>,
+}
+
+impl ItemBody {
+    fn validate(self) -> Result<NewItem, ApiError> {
+        let component = match self.component {
+            Some(name) => ComponentName::parse(&name)?,
+            None => ComponentName::default(),
+        };
+        Ok(NewItem { payload: self.payload, component })
+    }
+}
+
+fn validate_items(items: Vec<ItemBody>) -> Result<Vec<NewItem>, ApiError> {
+    items.into_iter().map(ItemBody::validate).collect()
+}
+
+impl JobBody {
+    fn validate(self) -> Result<NewJob, ApiError> {
+        let steps = self
+            .steps
+            .into_iter()
+            .map(|step| {
+                Ok(StepSpec {
+                    service: ServiceName::parse(&step.service)?,
+                    aggregate: step.aggregate,
+                })
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        let tenant = match self.tenant {
+            Some(name) => TenantName::parse(&name)?,
+            None => TenantName::default(),
+        };
+        let metadata = self.metadata.as_ref().map(Metadata::parse).transpose()?;
+        let priority = self.priority.as_ref().map(parse_priority).transpose()?;
+        let mut job = NewJob::new(
+            UserName::parse(&self.user)?,
+            tenant,
+            ActorPath::parse(&self.actor)?,
+            self.is_async,
+            steps,
+            validate_items(self.items)?,
+        )?;
+        job.metadata = metadata.unwrap_or_default();
+        job.priority = priority.unwrap_or(0);
+        Ok(job)
+    }
+}
+
+/// The answer to a submission.
+#[derive(Serialize, ToSchema)]
+pub struct Submitted {
+    job_id: JobId,
+    /// Always `accepted`.
+    status: JobStatus,
+}
+
+/// Submit a job.
+#[utoipa::path(post, path = "/jobs", tag = "producers", request_body = JobBody, responses(
+    (status = 201, description = "Stored; its items are ready.", body = Submitted),
+    (status = 429, description = "The tenant's waiting items would pass its max_outstanding; nothing was stored.", body = ErrorBody),
+))]
+async fn submit_job(
+    broker: web::Data<Broker>,
+    Caller(principal): Caller,
+    body: web::Json<JobBody>,
+) -> Result<HttpResponse, ApiError> {
+    let job = body.into_inner().validate()?;
+    check_tenant(&principal, job.tenant.as_str())?;
+    let job_id = broker.submit_job(&job).await?;
+    Ok(HttpResponse::Created().json(Submitted { job_id, status: JobStatus::Accepted }))
+}
+
+/// Items to add to the first step of an unfinished job.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ItemsBody {
+    items: Vec<ItemBody>,
+}
+
+/// Add items to the first step of an unfinished job.
+#[utoipa::path(post, path = "/jobs/{job_id}/items", tag = "producers", request_body = ItemsBody,
+    params(("job_id" = Uuid, Path, description = "The job")),
+    responses(
+        (status = 200, description = "The job as it is now.", body = JobDocument),
+        (status = 404, description = "No such job.", body = ErrorBody),
+        (status = 409, description = "The job has finished, or its aggregating step has its item.", body = ErrorBody),
+        (status = 429, description = "Over the tenant's max_outstanding; nothing was stored.", body = ErrorBody),
+))]
+async fn append_items(
+    broker: web::Data<Broker>,
+    Caller(principal): Caller,
+    path: web::Path<Uuid>,
+    body: web::Json<ItemsBody>,
+) -> Result<HttpResponse, ApiError> {
+    let items = validate_items(body.into_inner().items)?;
+    let job_id = JobId(path.into_inner());
+    check_job(&broker, &principal, job_id).await?;
+    let job = broker.append_items(job_id, &items).await?;
+    Ok(HttpResponse::Ok().json(job))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct JobQuery {
+    /// Seconds to wait for the job to finish (0 to 60, default 0: answer at once).
+    #[param(value_type = Option<u32>, minimum = 0, maximum = 60)]
+    wait: Option<String>,
+}
+
+/// A job's status, progress and per-step counts; with `wait`, once the job has finished
+/// (successful, complete_with_errors, failed or canceled) or `wait` seconds have passed,
+/// whichever comes first.
+#[utoipa::path(get, path = "/jobs/{job_id}", tag = "producers",
+    params(("job_id" = Uuid, Path, description = "The job"), JobQuery),
+    responses(
+        (status = 200, description = "The job.", body = JobDocument),
+        (status = 404, description = "No such job, or it was pruned.", body = ErrorBody),
+))]
+async fn get_job(
+    broker: web::Data<Broker>,
+    Caller(principal): Caller,
+    path: web::Path<Uuid>,
+    query: web::Query<JobQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let job_id = JobId(path.into_inner());
+    let wait: u64 = number("wait", non_empty(&query.wait))?.unwrap_or(0);
+    if wait > MAX_WAIT_SECONDS {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            format!("wait must be between 0 and {MAX_WAIT_SECONDS} seconds"),
+        ));
+    }
+    check_job(&broker, &principal, job_id).await?;
+    let job = if wait == 0 {
+        broker.get_job(job_id).await?
+    } else {
+        broker.wait_for_job(job_id, Duration::from_secs(wait)).await?
+    };
+    Ok(HttpResponse::Ok().json(job))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct ResultsQuery {
+    /// Most items of each list in a page (1 to 10,000, default 1,000).
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 10000)]
+    limit: Option<String>,
+    /// The `next_cursor` of the page before; empty or absent: from the start.
+    cursor: Option<String>,
+}
+
+/// The results of the job's last step, in item order, and the errors of its items that failed
+/// for good, a page at a time.
+#[utoipa::path(get, path = "/jobs/{job_id}/results", tag = "producers",
+    params(("job_id" = Uuid, Path, description = "The job"), ResultsQuery),
+    responses(
+        (status = 200, description = "A page of results and errors.", body = ResultsPage),
+        (status = 404, description = "No such job, or it was pruned.", body = ErrorBody),
+))]
+async fn job_results(
+    broker: web::Data<Broker>,
+    Caller(principal): Caller,
+    path: web::Path<Uuid>,
+    query: web::Query<ResultsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let limit = page_limit(non_empty(&query.limit))?;
+    let cursor = non_empty(&query.cursor).map(ResultsCursor::parse).transpose()?;
+    let job_id = JobId(path.into_inner());
+    check_job(&broker, &principal, job_id).await?;
+    let page = broker.job_results(job_id, cursor.unwrap_or_default(), limit).await?;
+    Ok(HttpResponse::Ok().json(page))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct ItemsQuery {
+    /// Only this step's items.
+    #[param(value_type = Option<i32>, minimum = 0)]
+    step: Option<String>,
+    /// Only items of this status.
+    #[param(value_type = Option<ItemStatus>)]
+    status: Option<String>,
+    /// Most items in a page (1 to 10,000, default 1,000).
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 10000)]
+    limit: Option<String>,
+    /// The `next_cursor` of the page before; empty or absent: from the start.
+    cursor: Option<String>,
+}
+
+/// The job's items in the order they were made, optionally of one step and one status, a page
+/// at a time.
+#[utoipa::path(get, path = "/jobs/{job_id}/items", tag = "producers",
+    params(("job_id" = Uuid, Path, description = "The job"), ItemsQuery),
+    responses(
+        (status = 200, description = "A page of items.", body = ItemsPage),
+        (status = 404, description = "No such job, or it was pruned.", body = ErrorBody),
+))]
+async fn list_items(
+    broker: web::Data<Broker>,
+    Caller(principal): Caller,
+    path: web::Path<Uuid>,
+    query: web::Query<ItemsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let step: Option<i32> = number("step", non_empty(&query.step))?;
+    if step.is_some_and(|step| step < 0) {
+        return Err(ApiError::bad_request("invalid_query", "step must be 0 or more"));
+    }
+    let status = non_empty(&query.status).map(ItemStatus::parse).transpose()?;
+    let limit = page_limit(non_empty(&query.limit))?;
+    let cursor = non_empty(&query.cursor).map(ItemsCursor::parse).transpose()?;
+    let filter = ItemFilter { step, status };
+    let job_id = JobId(path.into_inner());
+    check_job(&broker, &principal, job_id).await?;
+    let page = broker.job_items(job_id, filter, cursor.unwrap_or_default(), limit).await?;
+    Ok(HttpResponse::Ok().json(page))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct JobsQuery {
+    /// This user's jobs (with `tenant`, only those in that tenant).
+    #[param(max_length = 255)]
+    user: Option<String>,
+    /// This tenant's jobs. One of `user` and `tenant` is required.
+    #[param(max_length = 255)]
+    tenant: Option<String>,
+    /// Only jobs of this status.
+    #[param(value_type = Option<JobStatus>)]
+    status: Option<String>,
+    /// Most jobs in a page (1 to 10,000, default 1,000).
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 10000)]
+    limit: Option<String>,
+    /// The `next_cursor` of the page before; empty or absent: from the newest.
+    cursor: Option<String>,
+}
+
+/// A user's or a tenant's jobs, newest first, a page at a time.
+#[utoipa::path(get, path = "/jobs", tag = "producers", params(JobsQuery),
+    responses((status = 200, description = "A page of jobs.", body = JobsPage)))]
+async fn list_jobs(
+    broker: web::Data<Broker>,
+    Caller(principal): Caller,
+    query: web::Query<JobsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let mut tenant = non_empty(&query.tenant).map(TenantName::parse).transpose()?;
+    // A token scoped to tenants lists one of them: the one named, or its only one.
+    match (&tenant, principal.tenants()) {
+        (Some(tenant), _) => check_tenant(&principal, tenant.as_str())?,
+        (None, Some([only])) => tenant = Some(TenantName::parse(only)?),
+        (None, Some(_)) => {
+            return Err(ApiError::forbidden(
+                "tenant_out_of_scope",
+                "this token may list only some tenants' jobs: name one with tenant=",
+            ))
+        }
+        (None, None) => {}
+    }
+    let owner = match (non_empty(&query.user), tenant) {
+        (Some(user), tenant) => JobOwner::User { user: UserName::parse(user)?, tenant },
+        (None, Some(tenant)) => JobOwner::Tenant(tenant),
+        (None, None) => {
+            return Err(ApiError::bad_request(
+                "invalid_query",
+                "name a user or a tenant (or both) whose jobs to list",
+            ))
+        }
+    };
+    let status = non_empty(&query.status).map(JobStatus::parse).transpose()?;
+    let limit = page_limit(non_empty(&query.limit))?;
+    let cursor = non_empty(&query.cursor).map(JobsCursor::parse).transpose()?;
+    let page = broker.list_jobs(&owner, status, cursor, limit).await?;
+    Ok(HttpResponse::Ok().json(page))
+}
+
+/// What a producer can do to a whole job.
+#[derive(Deserialize, Clone, Copy, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobAction {
+    Pause,
+    Resume,
+    Cancel,
+}
+
+/// Pause a job (items stay put, running ones finish), resume it, or cancel every unfinished
+/// item.
+#[utoipa::path(post, path = "/jobs/{job_id}/{action}", tag = "producers",
+    params(
+        ("job_id" = Uuid, Path, description = "The job"),
+        ("action" = JobAction, Path, description = "What to do"),
+    ),
+    responses(
+        (status = 200, description = "The job as it is now.", body = JobDocument),
+        (status = 404, description = "No such job.", body = ErrorBody),
+        (status = 409, description = "The job has finished.", body = ErrorBody),
+))]
+async fn steer_job(
+    broker: web::Data<Broker>,
+    Caller(principal): Caller,
+    path: web::Path<(Uuid, JobAction)>,
+) -> Result<HttpResponse, ApiError> {
+    let (job_id, action) = path.into_inner();
+    let job_id = JobId(job_id);
+    check_job(&broker, &principal, job_id).await?;
+    let job = match action {
+        JobAction::Pause => broker.pause_job(job_id).await?,
+        JobAction::Resume => broker.resume_job(job_id).await?,
+        JobAction::Cancel => broker.cancel_job(job_id).await?,
+    };
+    Ok(HttpResponse::Ok().json(job))
+}
+
+/// For a token scoped to tenants: the job's 404 unless it is one of theirs, as if another
+/// tenant's job did not exist. Unscoped callers pay nothing.
+async fn check_job(broker: &Broker, principal: &Principal, job_id: JobId) -> Result<(), ApiError> {
+    if principal.tenants().is_none() {
+        return Ok(());
+    }
+    broker.check_job_tenant(job_id, |tenant| principal.may_use_tenant(tenant)).await?;
+    Ok(())
+}

@@ -1,0 +1,314 @@
+//! Assembles the broker: database pool and migrations, background tasks, HTTP server.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix_web::dev::Server;
+use actix_web::{web, App, HttpServer};
+use deadpool_postgres::Pool;
+use thiserror::Error;
+use tokio::task::JoinHandle;
+
+use crate::auth::AuthState;
+use crate::config::{PruneArgs, ServeArgs};
+use crate::Traffic;
+use fairway_broker::auth::{self, Authenticator};
+use fairway_broker::db::{self, DbError};
+use fairway_broker::metrics::Metrics;
+use fairway_broker::{Broker, BrokerError, BrokerSettings, WorkSignals};
+
+/// Expired leases examined per reaper pass.
+const REAP_BATCH: i64 = 500;
+
+/// How often the queue waits of claimed items are read.
+const QUEUE_WAIT_INTERVAL: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Error)]
+pub enum StartupError {
+    #[error(transparent)]
+    Database(#[from] DbError),
+    #[error("cannot set up the metrics: {0}")]
+    Metrics(String),
+    #[error("cannot listen on {address}: {source}")]
+    Bind { address: String, source: std::io::Error },
+    #[error("cannot set up auth: {0}")]
+    Auth(#[from] BrokerError),
+    /// Auth is off and the address is not loopback: refused without --insecure-no-auth.
+    #[error(
+        "refusing to serve {address} without auth: anyone who reaches it could do anything. \
+         Set FAIRWAY_ADMIN_TOKEN (docs/security.md), bind a loopback address, or pass \
+         --insecure-no-auth to accept the risk"
+    )]
+    NoAuth { address: String },
+    #[error("{0}")]
+    AdminToken(String),
+}
+
+/// A broker bound to its port, ready to run.
+pub struct Application {
+    server: Server,
+    port: u16,
+    broker: Broker,
+    traffic: web::Data<Traffic>,
+    shutdown_timeout: Duration,
+    background: Vec<JoinHandle<()>>,
+}
+
+impl Application {
+    /// Connects to the database, applies migrations and binds the HTTP listener.
+    pub async fn build(
+        args: &ServeArgs,
+        config: tokio_postgres::Config,
+    ) -> Result<Self, StartupError> {
+        let pool = db::pool::connect(config.clone(), args.pool.pool_size)?;
+        db::migrations::run(&pool).await?;
+        let authenticator = authenticate(&pool, args).await?;
+
+        let signals = WorkSignals::default();
+        let broker = broker(pool, args, signals.clone())?;
+        let mut background = maintain(&broker, args);
+        background.push(tokio::spawn(db::listener::listen_for_work(config, signals)));
+        background.push(tokio::spawn(refresh_auth(authenticator.clone())));
+
+        let listener = TcpListener::bind(args.bind)
+            .map_err(|source| StartupError::Bind { address: args.bind.to_string(), source })?;
+        let port = listener
+            .local_addr()
+            .map_err(|source| StartupError::Bind { address: args.bind.to_string(), source })?
+            .port();
+        let data = web::Data::new(broker.clone());
+        let traffic = web::Data::new(Traffic::default());
+        let auth_state = web::Data::new(AuthState {
+            authenticator,
+            metrics_require_token: args.auth.metrics_require_token,
+        });
+        let shared_traffic = traffic.clone();
+        let max_body_bytes = args.max_body_bytes;
+        let server = HttpServer::new(move || {
+            App::new()
+                // The last wrapped runs first: every answer, a refusal too, is observed.
+                .wrap(actix_web::middleware::from_fn(crate::auth::authorize))
+                .wrap(actix_web::middleware::from_fn(crate::observe))
+                .app_data(data.clone())
+                .app_data(auth_state.clone())
+                .app_data(shared_traffic.clone())
+                .configure(crate::configure(max_body_bytes))
+                .default_service(web::to(crate::no_such_route))
+        })
+        // The broker handles the signals itself, to drain before the listener closes.
+        .disable_signals()
+        // A client that closes its connection (a worker gone in the middle of a long poll)
+        // ends its request at once: its handler is dropped, so that it claims nothing for no
+        // one (see Broker::release_unanswered). No HTTP client this broker serves half-closes
+        // a connection to wait for an answer.
+        .h1_allow_half_closed(false)
+        .shutdown_timeout(args.shutdown_timeout.as_secs())
+        .listen(listener)
+        .map_err(|source| StartupError::Bind { address: args.bind.to_string(), source })?
+        .run();
+        let shutdown_timeout = args.shutdown_timeout;
+        Ok(Self { server, port, broker, traffic, shutdown_timeout, background })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Stops the server from elsewhere (the benchmark runs several in one process).
+    pub fn handle(&self) -> actix_web::dev::ServerHandle {
+        self.server.handle()
+    }
+
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+
+    /// Serves until the server is stopped, by its handle or by SIGTERM or SIGINT, then stops
+    /// background tasks. A signal drains the broker first (see `stop_gracefully`).
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        let Self { server, broker, traffic, shutdown_timeout, background, .. } = self;
+        let handle = server.handle();
+        let mut serving = tokio::spawn(server);
+        let served = tokio::select! {
+            served = &mut serving => served,
+            signal = termination() => {
+                let deadline = Instant::now() + shutdown_timeout;
+                tracing::info!(signal = signal?, timeout = ?shutdown_timeout, "stopping");
+                stop_gracefully(&broker, &traffic, &handle, deadline).await;
+                serving.await
+            }
+        };
+        for task in background {
+            task.abort();
+        }
+        served.map_err(std::io::Error::other)?
+    }
+}
+
+/// Stores FAIRWAY_ADMIN_TOKEN's hash, finds out whether auth is on, and refuses to serve a
+/// non-loopback address without it unless told to (then warns, at every start).
+async fn authenticate(pool: &Pool, args: &ServeArgs) -> Result<Authenticator, StartupError> {
+    let admin_token = args.auth.admin_token.as_deref().filter(|token| !token.is_empty());
+    if let Some(token) = admin_token {
+        auth::check_admin_token(token).map_err(StartupError::AdminToken)?;
+    }
+    let authenticator =
+        Authenticator::start(pool.clone(), args.auth.auth_cache_ttl, admin_token).await?;
+    let address = args.bind.to_string();
+    if authenticator.is_on() {
+        tracing::info!("auth is on: every request but the probes needs a bearer token");
+    } else if args.bind.ip().is_loopback() {
+        tracing::info!(
+            address,
+            "auth is off (no FAIRWAY_ADMIN_TOKEN and no token in the database): serving on \
+             loopback only"
+        );
+    } else if args.auth.insecure_no_auth {
+        tracing::warn!(
+            address,
+            "auth is off on a non-loopback address (--insecure-no-auth): anyone who reaches \
+             the port may submit, claim, read every job and change tenant limits"
+        );
+    } else {
+        return Err(StartupError::NoAuth { address });
+    }
+    Ok(authenticator)
+}
+
+/// Turns auth on once another broker made the first token, and forgets stale cache entries.
+async fn refresh_auth(authenticator: Authenticator) {
+    let interval = authenticator.ttl();
+    every(interval, "refreshing the token cache", || authenticator.refresh()).await
+}
+
+/// How long without a request a stopping broker waits for before it closes its listener.
+const QUIET: Duration = Duration::from_millis(250);
+
+/// Stops handing out work at once (/readyz answers 503, waiting long polls 204, no claim
+/// starts), keeps answering the rest until requests settle, then closes the listener and waits
+/// for the requests in flight, until `deadline` at the latest. Reports that end attempts are
+/// applied until the listener closes; one sent later is refused a connection, and the worker
+/// sends it to another broker.
+async fn stop_gracefully(
+    broker: &Broker,
+    traffic: &Traffic,
+    handle: &actix_web::dev::ServerHandle,
+    deadline: Instant,
+) {
+    broker.drain();
+    // A quarter of the time, up to a second, is left for the requests in flight.
+    let left = deadline.saturating_duration_since(Instant::now());
+    let settle_by = deadline - (left / 4).min(Duration::from_secs(1));
+    while Instant::now() < settle_by && !traffic.settled(QUIET).await {}
+    tracing::info!("drained; closing the listener");
+    if tokio::time::timeout_at(deadline.into(), handle.stop(true)).await.is_err() {
+        tracing::warn!("requests still in flight at the shutdown timeout; cutting them off");
+        handle.stop(false).await;
+    }
+}
+
+/// The name of the first SIGTERM or SIGINT.
+async fn termination() -> std::io::Result<&'static str> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(tokio::select! {
+        _ = terminate.recv() => "SIGTERM",
+        _ = interrupt.recv() => "SIGINT",
+    })
+}
+
+/// The broker `serve` runs, with its settings and metrics from `args`.
+pub fn broker(pool: Pool, args: &ServeArgs, signals: WorkSignals) -> Result<Broker, StartupError> {
+    let settings = BrokerSettings {
+        lease: args.lease,
+        first_lease: args.first_lease,
+        max_retries: args.max_retries,
+        querier_forget_delay: args.querier_forget_delay,
+        batch_lanes: args.batches.batch_lanes.into(),
+        batch_max: args.batches.batch_max.into(),
+        long_poll_max: args.long_poll_max,
+    };
+    let metrics = Metrics::new(args.metrics.metrics_refresh, args.metrics.metrics_tenant_label)
+        .map_err(|error| StartupError::Metrics(error.to_string()))?;
+    Ok(Broker::new(pool, settings, signals, Arc::new(metrics)))
+}
+
+/// The broker's upkeep, as `serve` runs it beside the HTTP server: the reaper, the queue waits
+/// of claimed items for /metrics, the vacuum of the fair order's tables unless
+/// `--vacuum-interval` is zero, and the pruner unless `--retention` is zero.
+pub fn maintain(broker: &Broker, args: &ServeArgs) -> Vec<JoinHandle<()>> {
+    let mut tasks = vec![
+        tokio::spawn(reap(broker.clone(), args.reap_interval)),
+        tokio::spawn(record_queue_waits(broker.clone())),
+    ];
+    if !args.vacuum.vacuum_interval.is_zero() {
+        tasks.push(tokio::spawn(vacuum(broker.clone(), args.vacuum.vacuum_interval)));
+    }
+    if !args.prune.retention.is_zero() {
+        tasks.push(tokio::spawn(prune(broker.clone(), args.prune)));
+    }
+    tasks
+}
+
+/// On a fixed cadence: expires leases, retires and forgets queriers, tidies the tenant level
+/// of the fair order, and folds the strategies' running-count log. Several brokers may run this
+/// at once.
+async fn reap(broker: Broker, interval: Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        match broker.reap_expired_leases(REAP_BATCH).await {
+            Ok(0) => {}
+            Ok(reaped) => tracing::info!(reaped, "expired leases returned to the queue"),
+            Err(error) => tracing::warn!(%error, "lease reaper pass failed"),
+        }
+        if let Err(error) = broker.retire_queriers().await {
+            tracing::warn!(%error, "querier membership pass failed");
+        }
+        if let Err(error) = broker.tidy_tenant_queues().await {
+            tracing::warn!(%error, "tenant queue pass failed");
+        }
+        if let Err(error) = broker.fold_strategy_running().await {
+            tracing::warn!(%error, "strategy running-count pass failed");
+        }
+    }
+}
+
+/// Deletes the jobs past their retention, every --prune-interval; the batches log what they
+/// deleted.
+async fn prune(broker: Broker, args: PruneArgs) {
+    every(args.prune_interval, "pruning finished jobs", || async {
+        broker.prune_finished_jobs(args.retention).await.map(drop)
+    })
+    .await
+}
+
+/// Reads, once a second, when the items claimed meanwhile were created: off the claim path, so
+/// that measuring a claim's queue wait adds nothing to the claim.
+async fn record_queue_waits(broker: Broker) {
+    every(QUEUE_WAIT_INTERVAL, "reading claimed items' queue waits", || broker.record_queue_waits())
+        .await
+}
+
+async fn vacuum(broker: Broker, interval: Duration) {
+    every(interval, "vacuum of the fair order's tables", || broker.vacuum_fair_order()).await
+}
+
+/// Runs `pass` on a fixed cadence, for ever; a pass that fails is logged as `what` failing.
+async fn every<F, Fut>(interval: Duration, what: &str, pass: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), fairway_broker::BrokerError>>,
+{
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        if let Err(error) = pass().await {
+            tracing::warn!(%error, "{what} failed");
+        }
+    }
+}

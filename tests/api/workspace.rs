@@ -1,0 +1,119 @@
+//! The workspace's arrows, read from `cargo metadata`: the product never depends on its tools,
+//! the broker knows neither HTTP nor the command line, and a Rust worker that embeds the client
+//! compiles neither actix nor a PostgreSQL driver.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+/// Each workspace crate's name, with the names of the packages it depends on as a normal (not
+/// dev or build) dependency, directly and through others.
+struct Graph {
+    direct: BTreeMap<String, BTreeSet<String>>,
+    reachable: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// The workspace's graph, read once for every test here.
+fn graph() -> &'static Graph {
+    static GRAPH: OnceLock<Graph> = OnceLock::new();
+    GRAPH.get_or_init(read_graph)
+}
+
+/// The triple of the machine building: only its platform's dependencies count (and only they
+/// are downloaded).
+fn host() -> String {
+    let output = Command::new("rustc").arg("-vV").output().expect("rustc -vV runs");
+    let text = String::from_utf8(output.stdout).expect("UTF-8");
+    let host = text.lines().find_map(|line| line.strip_prefix("host: "));
+    host.expect("rustc names its host").to_owned()
+}
+
+fn read_graph() -> Graph {
+    let output = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--locked", "--filter-platform", &host()])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let metadata: Value = serde_json::from_slice(&output.stdout).expect("cargo metadata's JSON");
+    let name_of: BTreeMap<&str, &str> = metadata["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .map(|package| {
+            (package["id"].as_str().expect("id"), package["name"].as_str().expect("name"))
+        })
+        .collect();
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for node in metadata["resolve"]["nodes"].as_array().expect("resolve nodes") {
+        let from = name_of[node["id"].as_str().expect("id")].to_owned();
+        let normal = node["deps"].as_array().expect("deps").iter().filter(|dep| {
+            dep["dep_kinds"]
+                .as_array()
+                .expect("dep_kinds")
+                .iter()
+                .any(|kind| kind["kind"].is_null())
+        });
+        let to = normal.map(|dep| name_of[dep["pkg"].as_str().expect("pkg")].to_owned());
+        edges.entry(from).or_default().extend(to);
+    }
+    let members: Vec<String> = metadata["workspace_members"]
+        .as_array()
+        .expect("workspace_members")
+        .iter()
+        .map(|id| name_of[id.as_str().expect("id")].to_owned())
+        .collect();
+    let mut reachable = BTreeMap::new();
+    for member in &members {
+        let mut seen = BTreeSet::new();
+        let mut next: Vec<&String> = edges[member].iter().collect();
+        while let Some(package) = next.pop() {
+            if seen.insert(package.clone()) {
+                next.extend(edges.get(package).into_iter().flatten());
+            }
+        }
+        reachable.insert(member.clone(), seen);
+    }
+    let direct = members.iter().map(|member| (member.clone(), edges[member].clone())).collect();
+    Graph { direct, reachable }
+}
+
+fn assert_none(crate_name: &str, deps: &BTreeSet<String>, forbidden: &[&str]) {
+    let found: Vec<&&str> = forbidden.iter().filter(|name| deps.contains(**name)).collect();
+    assert!(found.is_empty(), "{crate_name} depends on {found:?}");
+}
+
+const TOOLS: [&str; 3] = ["fairway-devdb", "fairway-bench", "fairway-chaos"];
+
+#[test]
+fn the_product_never_depends_on_its_tools() {
+    let graph = graph();
+    for product in ["fairway-api", "fairway-broker", "fairway-server", "fairway-client"] {
+        assert_none(product, &graph.reachable[product], &TOOLS);
+    }
+}
+
+#[test]
+fn the_wire_types_depend_on_nothing_in_the_workspace() {
+    let graph = graph();
+    let workspace: Vec<&str> = graph.direct.keys().map(String::as_str).collect();
+    assert_none("fairway-api", &graph.reachable["fairway-api"], &workspace);
+}
+
+#[test]
+fn the_broker_knows_neither_http_nor_the_command_line() {
+    let graph = graph();
+    let broker = &graph.reachable["fairway-broker"];
+    assert_none("fairway-broker", broker, &["fairway-server", "fairway-client"]);
+    assert_none("fairway-broker", broker, &["actix-web", "clap", "reqwest"]);
+}
+
+#[test]
+fn the_client_needs_neither_actix_nor_a_postgresql_driver() {
+    let graph = graph();
+    let client = &graph.reachable["fairway-client"];
+    assert_none("fairway-client", client, &["fairway-broker", "fairway-server"]);
+    assert_none("fairway-client", client, &["actix-web", "tokio-postgres", "deadpool-postgres"]);
+}
