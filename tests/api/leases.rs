@@ -118,7 +118,7 @@ async fn a_reaper_pass_ends_every_expired_lease_of_a_dead_pod() {
         .execute("UPDATE work_items SET lease_expires_at = now() - interval '1 second'", &[])
         .await
         .expect("the pod's leases run out");
-    let reaped = app.broker.reap_expired_leases(500).await.expect("a reaper pass");
+    let reaped = app.broker.maintenance().reap_expired_leases(500).await.expect("a reaper pass");
     assert_eq!(reaped, 90);
     let row = app
         .db

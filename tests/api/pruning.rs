@@ -86,7 +86,7 @@ async fn pruning_removes_exactly_the_jobs_finished_before_the_cutoff() {
         before.push((app.job(job).await, rows_of(&app, job).await));
     }
 
-    let pruned = app.broker.prune_finished_jobs(RETENTION).await.expect("prune");
+    let pruned = app.broker.maintenance().prune_finished_jobs(RETENTION).await.expect("prune");
     let pruned_ids: BTreeSet<Uuid> = pruned.jobs.iter().map(|job| job.job_id.0).collect();
     assert_eq!(pruned_ids, BTreeSet::from([old_successful, old_with_errors, old_canceled]));
     assert_eq!(pruned.jobs.len(), 3, "each job once");
@@ -108,7 +108,14 @@ async fn pruning_removes_exactly_the_jobs_finished_before_the_cutoff() {
     let item = app.claim("svc").await.expect("the running job's second item");
     app.succeed(&item, json!([])).await;
     assert_eq!(app.job(running).await["status"], "successful");
-    assert!(app.broker.prune_finished_jobs(RETENTION).await.expect("prune").jobs.is_empty());
+    assert!(app
+        .broker
+        .maintenance()
+        .prune_finished_jobs(RETENTION)
+        .await
+        .expect("prune")
+        .jobs
+        .is_empty());
     app.assert_consistent().await;
 }
 
@@ -159,7 +166,8 @@ async fn prune_until_done(app: &TestApp) -> (Vec<Uuid>, i64) {
     let mut pruned = Vec::new();
     let mut items = 0;
     loop {
-        let pass = app.broker.prune_finished_jobs(RETENTION).await.expect("a pruning pass");
+        let pass =
+            app.broker.maintenance().prune_finished_jobs(RETENTION).await.expect("a pruning pass");
         items += pass.items;
         pruned.extend(pass.jobs.iter().map(|job| job.job_id.0));
         let left: i64 =

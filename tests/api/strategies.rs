@@ -625,7 +625,12 @@ async fn a_pruned_job_takes_its_metadata_with_it() {
         )
         .await
         .expect("backdate");
-    let pruned = app.broker.prune_finished_jobs(Duration::from_secs(3600)).await.expect("prune");
+    let pruned = app
+        .broker
+        .maintenance()
+        .prune_finished_jobs(Duration::from_secs(3600))
+        .await
+        .expect("prune");
     assert_eq!(pruned.jobs.len(), 1);
     let left: i64 = app
         .db

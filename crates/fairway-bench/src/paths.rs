@@ -92,6 +92,7 @@ impl Runner {
                     token: None,
                 };
                 Ok(broker
+                    .claims()
                     .claim(&request)
                     .await?
                     .into_iter()
@@ -155,7 +156,10 @@ impl Runner {
         match self {
             Self::Broker { broker, .. } => {
                 let update = StatusUpdate::Successful { results: Vec::new(), component: None };
-                broker.update_status(WorkItemId(item.id), item.attempt, update, None).await?;
+                broker
+                    .endings()
+                    .update_status(WorkItemId(item.id), item.attempt, update, None)
+                    .await?;
             }
             Self::Sql { pool, path: BenchPath::Fifo } => {
                 let client = pool.get().await?;

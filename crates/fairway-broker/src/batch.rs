@@ -139,6 +139,30 @@ impl<R: Send + 'static, T: Send + 'static> Inner<R, T> {
     }
 }
 
+/// Queues `request` in `batches` and waits for its answer; whichever lane is free serves the
+/// batch with `run`, given a clone of `owner`, and hands the answers whose callers left
+/// meanwhile to `unanswered`.
+pub async fn in_batch<S, R, T, Fut, UFut>(
+    owner: &S,
+    batches: &Batches<R, Result<T, BrokerError>>,
+    request: R,
+    run: fn(S, Vec<R>) -> Fut,
+    unanswered: fn(S, Vec<Result<T, BrokerError>>) -> UFut,
+) -> Result<T, BrokerError>
+where
+    S: Clone + Send + Sync + 'static,
+    R: Send + 'static,
+    T: Send + 'static,
+    Fut: Future<Output = Vec<Result<T, BrokerError>>> + Send + 'static,
+    UFut: Future<Output = ()> + Send + 'static,
+{
+    let owner_for_run = owner.clone();
+    let run = move |batch: Vec<R>| run(owner_for_run.clone(), batch);
+    let owner = owner.clone();
+    let unanswered = move |answers| unanswered(owner.clone(), answers);
+    batches.submit(request, run, unanswered).await.unwrap_or(Err(BrokerError::BatchLost))
+}
+
 /// Answers every request of a batch by `run` on the whole batch, one transaction. Should that
 /// transaction fail, `run` goes over each request alone, so that each gets its own answer or
 /// error rather than a neighbour's.

@@ -56,7 +56,7 @@ pub struct Faults {
 }
 
 impl Faults {
-    pub(super) fn new(pool: Pool) -> Self {
+    pub(crate) fn new(pool: Pool) -> Self {
         Self { pool, armed: Mutex::new(HashMap::new()), holds: Mutex::new(HashMap::new()) }
     }
 
@@ -68,7 +68,7 @@ impl Faults {
     }
 
     /// Waits at `point` if a test holds it.
-    pub(super) async fn pause(&self, point: Point) {
+    pub(crate) async fn pause(&self, point: Point) {
         let hold = self.holds.lock().unwrap_or_else(PoisonError::into_inner).remove(&point);
         if let Some(hold) = hold {
             hold.reached.notify_one();
@@ -100,7 +100,7 @@ impl Faults {
     /// If `point` is armed, deadlocks the open transaction on `tx` against a second session:
     /// the rival takes lock B, the transaction lock A, then the transaction asks for B and the
     /// rival for A. Returns the transaction's error (40P01); the rival then gets A and ends.
-    pub(super) async fn strike(
+    pub(crate) async fn strike(
         &self,
         point: Point,
         tx: &impl GenericClient,

@@ -6,7 +6,9 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 use super::rows;
-use super::{Broker, BrokerError};
+use std::sync::Arc;
+
+use crate::core::Core;
 use crate::db::sql::{
     self, APPLY_STEP_DELTAS, APPLY_TENANT_DELTAS, CANCEL_JOB_ITEMS, COUNT_OUTSTANDING,
     CREATE_STEP_QUEUES, CREATE_TENANT, CREATE_USER, GET_JOB, GET_JOBS_STEPS,
@@ -15,6 +17,7 @@ use crate::db::sql::{
     SET_JOB_PAUSED, SET_JOB_STATUS,
 };
 use crate::metrics::Finish;
+use crate::BrokerError;
 use fairway_api::model::{
     reject_nul, ComponentName, JobDocument, JobId, JobStatus, NewItem, NewJob, StepDocument,
 };
@@ -123,11 +126,24 @@ pub(super) async fn apply_step_deltas(
     Ok(row.try_get("job_open_items")?)
 }
 
-impl Broker {
+/// Jobs as producers see them: submitting, appending, pausing, resuming and canceling; and (in
+/// `listing.rs`) their items, results and listings.
+#[derive(Clone)]
+pub struct Jobs {
+    pub(crate) core: Arc<Core>,
+}
+
+impl Jobs {
+    pub(crate) fn new(core: Arc<Core>) -> Self {
+        Self { core }
+    }
+}
+
+impl Jobs {
     /// Stores a job, its steps and its first step's items, all ready at once. Refused, with
     /// nothing stored, when the items would take the tenant past its max_outstanding.
     pub async fn submit_job(&self, job: &NewJob) -> Result<JobId, BrokerError> {
-        self.retrying("submit_job", move || self.submit_job_once(job)).await
+        self.core.retrying("submit_job", move || self.submit_job_once(job)).await
     }
 
     async fn submit_job_once(&self, job: &NewJob) -> Result<JobId, BrokerError> {
@@ -137,7 +153,7 @@ impl Broker {
         let services: Vec<&str> = job.steps.iter().map(|step| step.service.as_str()).collect();
         let aggregates: Vec<bool> = job.steps.iter().map(|step| step.aggregate).collect();
 
-        let mut client = self.client().await?;
+        let mut client = self.core.client().await?;
         let tx = client.transaction().await?;
         sql::execute(&tx, CREATE_USER, &[&user]).await?;
         sql::query_opt(&tx, LOCK_USER, &[&user]).await?;
@@ -155,7 +171,7 @@ impl Broker {
         }
         add_first_step_items(&tx, job_id, &job.items).await?;
         #[cfg(feature = "fault-injection")]
-        self.faults.strike(super::faults::Point::SubmitJob, &tx).await?;
+        self.core.faults.strike(crate::faults::Point::SubmitJob, &tx).await?;
         tx.commit().await?;
         Ok(job_id)
     }
@@ -167,7 +183,7 @@ impl Broker {
         job_id: JobId,
         items: &[NewItem],
     ) -> Result<JobDocument, BrokerError> {
-        self.retrying("append_items", move || self.append_items_once(job_id, items)).await
+        self.core.retrying("append_items", move || self.append_items_once(job_id, items)).await
     }
 
     async fn append_items_once(
@@ -179,7 +195,7 @@ impl Broker {
             return Err(BrokerError::invalid("invalid_items", "add at least one item"));
         }
         items.iter().try_for_each(|item| reject_nul(&item.payload, "a payload"))?;
-        let mut client = self.client().await?;
+        let mut client = self.core.client().await?;
         let tx = client.transaction().await?;
         let job = lock_unfinished_job(&tx, job_id, "add items to").await?;
         if job.steps.iter().any(|step| step.aggregate && step.total > 0) {
@@ -196,7 +212,7 @@ impl Broker {
     }
 
     pub async fn get_job(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
-        let client = self.client().await?;
+        let client = self.core.client().await?;
         read_job(&client, job_id).await
     }
 
@@ -207,7 +223,7 @@ impl Broker {
         job_id: JobId,
         allowed: impl Fn(&str) -> bool,
     ) -> Result<(), BrokerError> {
-        let client = self.client().await?;
+        let client = self.core.client().await?;
         let row = sql::query_opt(&client, JOB_TENANT, &[&job_id.0]).await?;
         match row.map(|row| row.try_get::<_, String>(0)).transpose()? {
             Some(tenant) if allowed(&tenant) => Ok(()),
@@ -217,11 +233,11 @@ impl Broker {
 
     /// Takes the job's ready items out of the fair order; running items finish as usual.
     pub async fn pause_job(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
-        self.retrying("pause_job", move || self.pause_job_once(job_id)).await
+        self.core.retrying("pause_job", move || self.pause_job_once(job_id)).await
     }
 
     async fn pause_job_once(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
-        let mut client = self.client().await?;
+        let mut client = self.core.client().await?;
         let tx = client.transaction().await?;
         let job = lock_unfinished_job(&tx, job_id, "pause").await?;
         if job.status != JobStatus::Paused {
@@ -235,11 +251,11 @@ impl Broker {
 
     /// Puts a paused job's ready items back into the fair order.
     pub async fn resume_job(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
-        self.retrying("resume_job", move || self.resume_job_once(job_id)).await
+        self.core.retrying("resume_job", move || self.resume_job_once(job_id)).await
     }
 
     async fn resume_job_once(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
-        let mut client = self.client().await?;
+        let mut client = self.core.client().await?;
         let tx = client.transaction().await?;
         let job = lock_unfinished_job(&tx, job_id, "resume").await?;
         if job.status == JobStatus::Paused {
@@ -259,11 +275,11 @@ impl Broker {
     /// Marks every unfinished item of the job canceled. Workers holding one get 409 on their
     /// next update. Canceling a canceled job again changes nothing.
     pub async fn cancel_job(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
-        self.retrying("cancel_job", move || self.cancel_job_once(job_id)).await
+        self.core.retrying("cancel_job", move || self.cancel_job_once(job_id)).await
     }
 
     async fn cancel_job_once(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
-        let mut client = self.client().await?;
+        let mut client = self.core.client().await?;
         let tx = client.transaction().await?;
         lock_job_owner(&tx, job_id).await?;
         let job = read_job(&tx, job_id).await?;
@@ -298,7 +314,7 @@ impl Broker {
             let service = usize::try_from(step).ok().and_then(|step| job.steps.get(step));
             if let Some(step) = service {
                 let count = u64::try_from(count).unwrap_or(0);
-                self.metrics.finished(&step.service, &job.tenant, Finish::Canceled, count);
+                self.core.metrics.finished(&step.service, &job.tenant, Finish::Canceled, count);
             }
         }
         Ok(job)

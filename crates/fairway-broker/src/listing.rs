@@ -9,15 +9,17 @@ use serde_json::value::RawValue;
 
 use super::jobs::{job_documents, read_job};
 use super::rows;
-use super::{snapshot, Broker, BrokerError};
+use crate::core::snapshot;
 use crate::db::sql::{self, LIST_JOB_ITEMS, LIST_TENANT_JOBS, LIST_USER_JOBS};
+use crate::BrokerError;
+use crate::Jobs;
 use fairway_api::model::{ItemStatus, JobDocument, JobId, JobStatus, TenantName};
 use fairway_api::pages::{
     ItemDocument, ItemError, ItemFilter, ItemsCursor, ItemsPage, JobOwner, JobsCursor, JobsPage,
     PageLimit, ResultsCursor, ResultsPage,
 };
 
-impl Broker {
+impl Jobs {
     /// A page of the job's items, in the order they were made.
     pub async fn job_items(
         &self,
@@ -26,7 +28,7 @@ impl Broker {
         cursor: ItemsCursor,
         limit: PageLimit,
     ) -> Result<ItemsPage, BrokerError> {
-        let client = self.client().await?;
+        let client = self.core.client().await?;
         // Known, or 404, before its (then empty) list of items.
         read_job(&client, job_id).await?;
         let statuses = filter.status.map_or(ItemStatus::ALL.to_vec(), |status| vec![status]);
@@ -45,7 +47,7 @@ impl Broker {
         cursor: ResultsCursor,
         limit: PageLimit,
     ) -> Result<ResultsPage, BrokerError> {
-        let mut client = self.client().await?;
+        let mut client = self.core.client().await?;
         let tx = snapshot(&mut client).await?;
         let job = read_job(&tx, job_id).await?;
         let last_step = i32::try_from(job.steps.len()).unwrap_or(i32::MAX).saturating_sub(1);
@@ -104,7 +106,7 @@ impl Broker {
         cursor: Option<JobsCursor>,
         limit: PageLimit,
     ) -> Result<JobsPage, BrokerError> {
-        let client = self.client().await?;
+        let client = self.core.client().await?;
         let statuses: Vec<&str> = status
             .map_or(JobStatus::ALL.to_vec(), |status| vec![status])
             .into_iter()
@@ -151,8 +153,8 @@ impl Broker {
         job_id: JobId,
         wait: Duration,
     ) -> Result<JobDocument, BrokerError> {
-        let deadline = tokio::time::Instant::now() + wait.min(self.settings.long_poll_max);
-        let watch = self.signals.watch_job(job_id);
+        let deadline = tokio::time::Instant::now() + wait.min(self.core.settings.long_poll_max);
+        let watch = self.core.signals.watch_job(job_id);
         loop {
             // Registered before the job is read, so that a finish in between is not missed.
             let mut finished = pin!(watch.finished());

@@ -6,43 +6,41 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use tokio_postgres::types::Json;
 
-use super::{Broker, BrokerError};
 use crate::db::sql::{self, ITEM_CREATION_TIMES, REFRESH_METRICS};
-use crate::metrics::{GaugeRow, Metrics, PoolConnections};
+use crate::metrics::{GaugeRow, PoolConnections};
+use crate::{BrokerError, Maintenance};
 use fairway_api::summary::ServiceSummary;
 
-impl Broker {
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
+impl Maintenance {
     /// Every metric in the text exposition format. The queue gauges are at most
     /// --metrics-refresh old, and cost at most one statement per --metrics-refresh.
     pub async fn metrics_text(&self) -> Result<String, BrokerError> {
         self.refresh_gauges().await;
-        let status = self.pool.status();
+        let status = self.core.pool.status();
         let pool = PoolConnections {
             in_use: status.size.saturating_sub(status.available),
             idle: status.available,
             max: status.max_size,
         };
-        self.metrics
-            .render(&self.waiting_workers(), pool)
+        self.core
+            .metrics
+            .render(&self.core.signals.waiting_workers(), pool)
             .map_err(|error| BrokerError::Metrics(error.to_string()))
     }
 
     /// Each service's queue as the metrics see it, for operators' overviews.
     pub async fn service_summaries(&self) -> Vec<ServiceSummary> {
         self.refresh_gauges().await;
-        self.metrics.service_summaries(&self.waiting_workers()).await
+        self.core.metrics.service_summaries(&self.core.signals.waiting_workers()).await
     }
 
     /// Takes the database's queue gauges again unless they are younger than --metrics-refresh.
     async fn refresh_gauges(&self) {
-        let refresh_millis = sql::millis(self.metrics.refresh());
-        self.metrics
+        let refresh_millis = sql::millis(self.core.metrics.refresh());
+        self.core
+            .metrics
             .refresh_gauges(|| async {
-                let client = self.client().await?;
+                let client = self.core.client().await?;
                 let row = sql::query_one(&client, REFRESH_METRICS, &[&refresh_millis]).await?;
                 let Json(rows): Json<Vec<GaugeRow>> = row.try_get("gauges")?;
                 Ok::<_, BrokerError>(rows)
@@ -53,12 +51,12 @@ impl Broker {
     /// Reads when the first attempts claimed since the last call were created, and records how
     /// long each waited. Primary key probes, one statement for all of them.
     pub async fn record_queue_waits(&self) -> Result<(), BrokerError> {
-        let claimed = self.metrics.take_claimed();
+        let claimed = self.core.metrics.take_claimed();
         if claimed.is_empty() {
             return Ok(());
         }
         let ids: Vec<i64> = claimed.iter().map(|item| item.id).collect();
-        let client = self.client().await?;
+        let client = self.core.client().await?;
         let mut created = BTreeMap::new();
         for row in sql::query(&client, ITEM_CREATION_TIMES, &[&ids]).await? {
             created.insert(
@@ -66,7 +64,7 @@ impl Broker {
                 row.try_get::<_, DateTime<Utc>>("created_at")?,
             );
         }
-        self.metrics.queue_waits(&claimed, &created);
+        self.core.metrics.queue_waits(&claimed, &created);
         Ok(())
     }
 }

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{Broker, BrokerError};
 use crate::db::sql::{self, FIND_PRUNABLE_JOBS, LOCK_PRUNER, PRUNE_ITEMS, PRUNE_JOBS};
+use crate::{BrokerError, Maintenance};
 use fairway_api::model::{JobId, JobStatus};
 
 /// The advisory lock a pruning transaction holds, so that brokers prune one at a time.
@@ -42,7 +42,7 @@ enum Batch {
     Done,
 }
 
-impl Broker {
+impl Maintenance {
     /// Deletes every job that finished more than `retention` ago, with its items and counter
     /// rows, in transactions of at most a hundred jobs and a thousand items; gives up at once
     /// when another broker is pruning. Returns the jobs deleted and how many items.
@@ -59,7 +59,7 @@ impl Broker {
                 tracing::info!(items = batch.items, ?jobs, "pruned finished jobs");
             }
             let items = u64::try_from(batch.items).unwrap_or(0);
-            self.metrics.pruned(batch.jobs.len() as u64, items);
+            self.core.metrics.pruned(batch.jobs.len() as u64, items);
             pruned.items += batch.items;
             pruned.jobs.extend(batch.jobs);
         }
@@ -67,11 +67,11 @@ impl Broker {
     }
 
     async fn prune_batch(&self, retention_ms: i64) -> Result<Batch, BrokerError> {
-        self.retrying("prune", move || self.prune_batch_once(retention_ms)).await
+        self.core.retrying("prune", move || self.prune_batch_once(retention_ms)).await
     }
 
     async fn prune_batch_once(&self, retention_ms: i64) -> Result<Batch, BrokerError> {
-        let mut client = self.client().await?;
+        let mut client = self.core.client().await?;
         let tx = client.transaction().await?;
         if !sql::query_one(&tx, LOCK_PRUNER, &[&PRUNER_LOCK]).await?.try_get::<_, bool>("locked")? {
             return Ok(Batch::Done);

@@ -1,13 +1,14 @@
 //! The one place where a transaction PostgreSQL aborted for a deadlock (40P01) or a
 //! serialization failure (40001) runs again. Every broker transaction goes through
-//! [`Broker::retrying`]: a whole transaction, started afresh each time, is the unit retried, and
+//! [`Core::retrying`]: a whole transaction, started afresh each time, is the unit retried, and
 //! whatever it answers is answered only once one run of it committed. A group-commit batch
 //! (`batch.rs`) retries as a whole, with every request it gathered, before any is answered.
 
 use std::future::Future;
 use std::time::Duration;
 
-use super::{Broker, BrokerError};
+use crate::core::Core;
+use crate::BrokerError;
 
 /// Runs of one transaction, the first included, before its contention is reported.
 pub const ATTEMPTS: u32 = 3;
@@ -16,13 +17,13 @@ pub const ATTEMPTS: u32 = 3;
 /// that the transactions that deadlocked with each other do not meet again in step.
 const FIRST_BACKOFF: Duration = Duration::from_millis(20);
 
-impl Broker {
+impl Core {
     /// Runs `run` (one whole transaction: it takes its connection, begins, commits) up to
     /// [`ATTEMPTS`] times while it fails with a deadlock or a serialization failure, counting
     /// each retry in `fairway_transaction_retries_total` under `operation`. When every run
     /// failed so, the answer is [`BrokerError::Contended`] (HTTP 503 with Retry-After), and
     /// nothing was changed: each run rolled back. Any other outcome is returned as it came.
-    pub(super) async fn retrying<T, F, Fut>(
+    pub async fn retrying<T, F, Fut>(
         &self,
         operation: &'static str,
         mut run: F,

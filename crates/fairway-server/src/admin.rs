@@ -73,7 +73,7 @@ async fn user_work(
     let limit = query.limit.map(PageLimit::new).transpose()?.unwrap_or_default();
     let after = non_empty(&query.after).map(UserWorkCursor::parse).transpose()?;
     let (service, user) = (non_empty(&query.service), non_empty(&query.user));
-    let rows = broker.user_work(service, user, limit.get(), after.as_ref()).await?;
+    let rows = broker.maintenance().user_work(service, user, limit.get(), after.as_ref()).await?;
     let next_cursor =
         rows.last().filter(|_| limit.filled_by(rows.len())).map(UserWorkCursor::after);
     Ok(HttpResponse::Ok().json(UserWorkRows { rows, next_cursor }))
@@ -115,7 +115,7 @@ async fn shares(
             format!("limit must be between 1 and {MAX_SHARES}"),
         ));
     }
-    let users = broker.user_shares(service.as_str(), limit).await?;
+    let users = broker.maintenance().user_shares(service.as_str(), limit).await?;
     Ok(HttpResponse::Ok().json(Shares { service: query.service, users }))
 }
 
@@ -131,7 +131,7 @@ pub struct Services {
 #[utoipa::path(get, path = "/admin/services", tag = "admin",
     responses((status = 200, description = "The services, by name.", body = Services)))]
 async fn services(broker: web::Data<Broker>) -> HttpResponse {
-    HttpResponse::Ok().json(Services { services: broker.service_summaries().await })
+    HttpResponse::Ok().json(Services { services: broker.maintenance().service_summaries().await })
 }
 
 /// Every querier.
@@ -150,14 +150,14 @@ pub struct Tenants {
 #[utoipa::path(get, path = "/admin/queriers", tag = "admin",
     responses((status = 200, description = "The queriers.", body = Queriers)))]
 async fn queriers(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(Queriers { queriers: broker.queriers().await? }))
+    Ok(HttpResponse::Ok().json(Queriers { queriers: broker.tenancy().queriers().await? }))
 }
 
 /// Every tenant's limits, waiting items and the queriers that serve it now.
 #[utoipa::path(get, path = "/admin/tenants", tag = "admin",
     responses((status = 200, description = "The tenants.", body = Tenants)))]
 async fn tenants(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(Tenants { tenants: broker.tenants().await? }))
+    Ok(HttpResponse::Ok().json(Tenants { tenants: broker.tenancy().tenants().await? }))
 }
 
 /// One tenant's limits, waiting items and the queriers that serve it now.
@@ -172,7 +172,7 @@ async fn tenant(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let tenant = TenantName::parse(&path.into_inner())?;
-    Ok(HttpResponse::Ok().json(broker.tenant(&tenant).await?))
+    Ok(HttpResponse::Ok().json(broker.tenancy().tenant(&tenant).await?))
 }
 
 /// A tenant's limits.
@@ -206,7 +206,7 @@ async fn set_tenant(
         max_queriers: limit("max_queriers", body.max_queriers)?,
         max_outstanding: limit("max_outstanding", body.max_outstanding)?,
     };
-    Ok(HttpResponse::Ok().json(broker.set_tenant(&tenant, limits).await?))
+    Ok(HttpResponse::Ok().json(broker.tenancy().set_tenant(&tenant, limits).await?))
 }
 
 /// A recount of every counter from the work items.
@@ -220,7 +220,7 @@ pub struct Consistency {
 #[utoipa::path(get, path = "/admin/consistency", tag = "admin",
     responses((status = 200, description = "The recount.", body = Consistency)))]
 async fn consistency(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
-    let mismatches = broker.check_consistency().await?;
+    let mismatches = broker.maintenance().check_consistency().await?;
     Ok(HttpResponse::Ok().json(Consistency { consistent: mismatches.is_empty(), mismatches }))
 }
 
@@ -257,7 +257,7 @@ async fn strategy_usage(
             "key must be 1 to 64 characters of [a-z0-9_.-]",
         ));
     }
-    let values = broker.strategy_usage(service.as_str(), &query.key).await?;
+    let values = broker.maintenance().strategy_usage(service.as_str(), &query.key).await?;
     let UsageQuery { service, key } = query.into_inner();
     Ok(HttpResponse::Ok().json(StrategyUsageReport { service, key, values }))
 }
@@ -281,7 +281,7 @@ async fn waiting_workers(broker: web::Data<Broker>) -> HttpResponse {
     responses((status = 200, description = "Every metric, in Prometheus' text format.",
         content_type = "text/plain", body = String)))]
 async fn metrics(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
-    let text = broker.metrics_text().await?;
+    let text = broker.maintenance().metrics_text().await?;
     Ok(HttpResponse::Ok().content_type(fairway_broker::metrics::content_type()).body(text))
 }
 

@@ -166,7 +166,7 @@ async fn submit_job(
 ) -> Result<HttpResponse, ApiError> {
     let job = body.into_inner().validate()?;
     check_tenant(&principal, job.tenant.as_str())?;
-    let job_id = broker.submit_job(&job).await?;
+    let job_id = broker.jobs().submit_job(&job).await?;
     Ok(HttpResponse::Created().json(Submitted { job_id, status: JobStatus::Accepted }))
 }
 
@@ -195,7 +195,7 @@ async fn append_items(
     let items = validate_items(body.into_inner().items)?;
     let job_id = JobId(path.into_inner());
     check_job(&broker, &principal, job_id).await?;
-    let job = broker.append_items(job_id, &items).await?;
+    let job = broker.jobs().append_items(job_id, &items).await?;
     Ok(HttpResponse::Ok().json(job))
 }
 
@@ -233,9 +233,9 @@ async fn get_job(
     }
     check_job(&broker, &principal, job_id).await?;
     let job = if wait == 0 {
-        broker.get_job(job_id).await?
+        broker.jobs().get_job(job_id).await?
     } else {
-        broker.wait_for_job(job_id, Duration::from_secs(wait)).await?
+        broker.jobs().wait_for_job(job_id, Duration::from_secs(wait)).await?
     };
     Ok(HttpResponse::Ok().json(job))
 }
@@ -269,7 +269,7 @@ async fn job_results(
     let cursor = non_empty(&query.cursor).map(ResultsCursor::parse).transpose()?;
     let job_id = JobId(path.into_inner());
     check_job(&broker, &principal, job_id).await?;
-    let page = broker.job_results(job_id, cursor.unwrap_or_default(), limit).await?;
+    let page = broker.jobs().job_results(job_id, cursor.unwrap_or_default(), limit).await?;
     Ok(HttpResponse::Ok().json(page))
 }
 
@@ -314,7 +314,7 @@ async fn list_items(
     let filter = ItemFilter { step, status };
     let job_id = JobId(path.into_inner());
     check_job(&broker, &principal, job_id).await?;
-    let page = broker.job_items(job_id, filter, cursor.unwrap_or_default(), limit).await?;
+    let page = broker.jobs().job_items(job_id, filter, cursor.unwrap_or_default(), limit).await?;
     Ok(HttpResponse::Ok().json(page))
 }
 
@@ -372,7 +372,7 @@ async fn list_jobs(
     let status = non_empty(&query.status).map(JobStatus::parse).transpose()?;
     let limit = page_limit(non_empty(&query.limit))?;
     let cursor = non_empty(&query.cursor).map(JobsCursor::parse).transpose()?;
-    let page = broker.list_jobs(&owner, status, cursor, limit).await?;
+    let page = broker.jobs().list_jobs(&owner, status, cursor, limit).await?;
     Ok(HttpResponse::Ok().json(page))
 }
 
@@ -406,9 +406,9 @@ async fn steer_job(
     let job_id = JobId(job_id);
     check_job(&broker, &principal, job_id).await?;
     let job = match action {
-        JobAction::Pause => broker.pause_job(job_id).await?,
-        JobAction::Resume => broker.resume_job(job_id).await?,
-        JobAction::Cancel => broker.cancel_job(job_id).await?,
+        JobAction::Pause => broker.jobs().pause_job(job_id).await?,
+        JobAction::Resume => broker.jobs().resume_job(job_id).await?,
+        JobAction::Cancel => broker.jobs().cancel_job(job_id).await?,
     };
     Ok(HttpResponse::Ok().json(job))
 }
@@ -419,6 +419,6 @@ async fn check_job(broker: &Broker, principal: &Principal, job_id: JobId) -> Res
     if principal.tenants().is_none() {
         return Ok(());
     }
-    broker.check_job_tenant(job_id, |tenant| principal.may_use_tenant(tenant)).await?;
+    broker.jobs().check_job_tenant(job_id, |tenant| principal.may_use_tenant(tenant)).await?;
     Ok(())
 }

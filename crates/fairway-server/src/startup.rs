@@ -260,18 +260,18 @@ async fn reap(broker: Broker, interval: Duration) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        match broker.reap_expired_leases(REAP_BATCH).await {
+        match broker.maintenance().reap_expired_leases(REAP_BATCH).await {
             Ok(0) => {}
             Ok(reaped) => tracing::info!(reaped, "expired leases returned to the queue"),
             Err(error) => tracing::warn!(%error, "lease reaper pass failed"),
         }
-        if let Err(error) = broker.retire_queriers().await {
+        if let Err(error) = broker.tenancy().retire_queriers().await {
             tracing::warn!(%error, "querier membership pass failed");
         }
-        if let Err(error) = broker.tidy_tenant_queues().await {
+        if let Err(error) = broker.tenancy().tidy_tenant_queues().await {
             tracing::warn!(%error, "tenant queue pass failed");
         }
-        if let Err(error) = broker.fold_strategy_running().await {
+        if let Err(error) = broker.maintenance().fold_strategy_running().await {
             tracing::warn!(%error, "strategy running-count pass failed");
         }
     }
@@ -281,7 +281,7 @@ async fn reap(broker: Broker, interval: Duration) {
 /// deleted.
 async fn prune(broker: Broker, args: PruneArgs) {
     every(args.prune_interval, "pruning finished jobs", || async {
-        broker.prune_finished_jobs(args.retention).await.map(drop)
+        broker.maintenance().prune_finished_jobs(args.retention).await.map(drop)
     })
     .await
 }
@@ -289,12 +289,17 @@ async fn prune(broker: Broker, args: PruneArgs) {
 /// Reads, once a second, when the items claimed meanwhile were created: off the claim path, so
 /// that measuring a claim's queue wait adds nothing to the claim.
 async fn record_queue_waits(broker: Broker) {
-    every(QUEUE_WAIT_INTERVAL, "reading claimed items' queue waits", || broker.record_queue_waits())
-        .await
+    every(QUEUE_WAIT_INTERVAL, "reading claimed items' queue waits", || {
+        broker.maintenance().record_queue_waits()
+    })
+    .await
 }
 
 async fn vacuum(broker: Broker, interval: Duration) {
-    every(interval, "vacuum of the fair order's tables", || broker.vacuum_fair_order()).await
+    every(interval, "vacuum of the fair order's tables", || {
+        broker.maintenance().vacuum_fair_order()
+    })
+    .await
 }
 
 /// Runs `pass` on a fixed cadence, for ever; a pass that fails is logged as `what` failing.

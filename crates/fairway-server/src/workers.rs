@@ -108,7 +108,8 @@ async fn get_work(
         },
         token: principal.token_id(),
     };
-    let items = broker.claim_waiting(&request, Duration::from_secs(u64::from(query.wait))).await?;
+    let items =
+        broker.claims().claim_waiting(&request, Duration::from_secs(u64::from(query.wait))).await?;
     if items.is_empty() {
         return Ok(HttpResponse::NoContent().finish());
     }
@@ -211,7 +212,8 @@ async fn post_status(
     let id = WorkItemId(path.into_inner());
     let attempt = body.attempt;
     let update = body.into_inner().validate()?;
-    let status = broker.update_status(id, attempt, update, principal.reporting_token()).await?;
+    let status =
+        broker.endings().update_status(id, attempt, update, principal.reporting_token()).await?;
     Ok(HttpResponse::Ok().json(StatusAnswer { id, status }))
 }
 
@@ -225,7 +227,7 @@ async fn shut_down(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let querier = QuerierName::parse(&path.into_inner())?;
-    broker.shut_down_querier(&querier).await?;
+    broker.tenancy().shut_down_querier(&querier).await?;
     let state = "shutting_down".to_owned();
     Ok(HttpResponse::Accepted()
         .json(ShutdownAnswer { querier: querier.as_str().to_owned(), state }))

@@ -4,11 +4,17 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::batch::{answer_each, batch_index};
 use super::rows;
-use super::{Broker, BrokerError};
-use crate::db::sql::{self, CLAIM_ITEMS, HAS_CLAIMABLE_WORK, VACUUM_FAIR_ORDER};
+use crate::batch::{answer_each, batch_index, in_batch};
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+use crate::batch::Batches;
+use crate::core::Core;
+use crate::db::sql::{self, CLAIM_ITEMS, HAS_CLAIMABLE_WORK};
 use crate::metrics::{ClaimOutcome, ClaimedItem};
+use crate::{BrokerError, Endings, Tenancy};
 use fairway_api::model::{ClaimRequest, WorkItem};
 use fairway_api::strategy::{ends_in_fair, has_hard_cap};
 
@@ -24,7 +30,7 @@ const CAPPED_POLL: Duration = Duration::from_millis(200);
 const CONTENDED_LIMIT: Duration = Duration::from_secs(5);
 
 /// What one look for work found.
-pub(super) enum Look {
+pub enum Look {
     Claimed(Vec<WorkItem>),
     /// Work exists, but every user who has it is held by another transaction right now.
     Contended,
@@ -33,7 +39,31 @@ pub(super) enum Look {
     NotMember,
 }
 
-impl Broker {
+/// Hands out work: each claim waits in a group-commit batch with the claims that arrive
+/// meanwhile, and one transaction chooses every item of the batch by the fair order.
+#[derive(Clone)]
+pub struct Claims {
+    core: Arc<Core>,
+    batches: Batches<ClaimRequest, Result<Look, BrokerError>>,
+    /// Notified when a claim batch of this broker commits: the users rows it held are free.
+    committed: Arc<Notify>,
+    endings: Endings,
+    tenancy: Tenancy,
+}
+
+impl Claims {
+    pub(crate) fn new(
+        core: Arc<Core>,
+        batches: Batches<ClaimRequest, Result<Look, BrokerError>>,
+        committed: Arc<Notify>,
+        endings: Endings,
+        tenancy: Tenancy,
+    ) -> Self {
+        Self { core, batches, committed, endings, tenancy }
+    }
+}
+
+impl Claims {
     /// Hands out up to `request.max` work items of the service in one transaction, each chosen
     /// by the fair order as a single claim would choose it. Empty when nothing is ready.
     ///
@@ -41,10 +71,10 @@ impl Broker {
     /// the claim waits here for one of them to be released rather than answer "no work", and
     /// rather than queue inside PostgreSQL on a row lock while holding a connection.
     pub async fn claim(&self, request: &ClaimRequest) -> Result<Vec<WorkItem>, BrokerError> {
-        let signal = self.signals.for_service(request.service.as_str());
+        let signal = self.core.signals.for_service(request.service.as_str());
         let deadline = Instant::now() + CONTENDED_LIMIT;
         loop {
-            if self.is_draining() {
+            if self.core.is_draining() {
                 return Ok(Vec::new());
             }
             let mut released = pin!(signal.released());
@@ -55,7 +85,7 @@ impl Broker {
                     return Ok(items);
                 }
                 Look::Nothing => return Ok(Vec::new()),
-                Look::NotMember => self.join_querier(request.querier.as_str()).await?,
+                Look::NotMember => self.tenancy.join_querier(request.querier.as_str()).await?,
                 Look::Contended if Instant::now() >= deadline => return Ok(Vec::new()),
                 Look::Contended => {
                     let _ = tokio::time::timeout(RELEASE_POLL, released).await;
@@ -66,7 +96,8 @@ impl Broker {
 
     /// One look, made together with the looks of other workers that arrive meanwhile.
     async fn look_for_work(&self, request: &ClaimRequest) -> Result<Look, BrokerError> {
-        self.in_batch(&self.claims, request.clone(), Self::look_in_batch, Self::unread_looks).await
+        in_batch(self, &self.batches, request.clone(), Self::look_in_batch, Self::unread_looks)
+            .await
     }
 
     /// Looks whose callers left while their batch ran: the items they claimed go back.
@@ -80,13 +111,13 @@ impl Broker {
             .flatten()
             .collect();
         if !items.is_empty() {
-            self.release_unanswered(items).await;
+            self.endings.release_unanswered(items).await;
         }
     }
 
     /// Looks for work for every request of a batch in one transaction.
     async fn look_in_batch(self, requests: Vec<ClaimRequest>) -> Vec<Result<Look, BrokerError>> {
-        if self.is_draining() {
+        if self.core.is_draining() {
             return requests.iter().map(|_| Ok(Look::Nothing)).collect();
         }
         let started = Instant::now();
@@ -94,10 +125,10 @@ impl Broker {
         let looks = answer_each(&requests, |batch| {
             // The claim commits in its one statement, before anything else can fail: a run
             // that failed claimed nothing, and the batch runs again whole.
-            broker.retrying("claim", move || broker.claim_batch(batch))
+            broker.core.retrying("claim", move || broker.claim_batch(batch))
         })
         .await;
-        self.metrics.claim_batch(requests.len(), started.elapsed());
+        self.core.metrics.claim_batch(requests.len(), started.elapsed());
         looks
     }
 
@@ -107,7 +138,7 @@ impl Broker {
         &self,
         requests: &[ClaimRequest],
     ) -> Result<Vec<Result<Look, BrokerError>>, BrokerError> {
-        let client = self.client().await?;
+        let client = self.core.client().await?;
         let services: Vec<&str> = requests.iter().map(|r| r.service.as_str()).collect();
         let queriers: Vec<&str> = requests.iter().map(|r| r.querier.as_str()).collect();
         let workers: Vec<i32> = requests.iter().map(|r| r.worker).collect();
@@ -116,16 +147,16 @@ impl Broker {
         let strategies: Vec<Option<&Value>> =
             requests.iter().map(|r| r.strategy.as_deref()).collect();
         let tokens: Vec<Option<i64>> = requests.iter().map(|r| r.token).collect();
-        let (lease, touch_every) = (self.claim_lease_millis(), self.touch_every_millis());
+        let (lease, touch_every) = (self.core.claim_lease_millis(), self.core.touch_every_millis());
         let params: sql::Params =
             &[&services, &queriers, &workers, &maxes, &lease, &touch_every, &strategies, &tokens];
         let mut items: Vec<Vec<WorkItem>> = requests.iter().map(|_| Vec::new()).collect();
         let mut states: Vec<Option<String>> = vec![None; requests.len()];
         let mut passed_over = vec![false; requests.len()];
         let claimed = sql::query(&client, CLAIM_ITEMS, params).await?;
-        self.claims_committed.notify_waiters();
+        self.committed.notify_waiters();
         #[cfg(feature = "fault-injection")]
-        self.faults.pause(super::faults::Point::ClaimCommitted).await;
+        self.core.faults.pause(crate::faults::Point::ClaimCommitted).await;
         let lease = chrono::Duration::milliseconds(lease);
         for row in claimed {
             let request = batch_index(&row, "request", requests.len())?;
@@ -138,14 +169,14 @@ impl Broker {
         }
         // Only a first attempt is known to have waited since its creation; a retry's wait
         // began when its previous attempt ended, which the item does not keep.
-        self.metrics.claimed(items.iter().flatten().filter(|item| item.attempt == 1).map(|item| {
-            ClaimedItem {
+        self.core.metrics.claimed(items.iter().flatten().filter(|item| item.attempt == 1).map(
+            |item| ClaimedItem {
                 id: item.id.0,
                 service: item.service.clone(),
                 tenant: item.tenant.clone(),
                 claimed_at: item.lease_expires_at - lease,
-            }
-        }));
+            },
+        ));
         let mut looks = Vec::with_capacity(requests.len());
         for (((request, items), state), passed_over) in
             requests.iter().zip(items).zip(states).zip(passed_over)
@@ -185,7 +216,7 @@ impl Broker {
     ) -> Result<Vec<WorkItem>, BrokerError> {
         let items = self.wait_for_claim(request, wait).await?;
         let outcome = if items.is_empty() { ClaimOutcome::Empty } else { ClaimOutcome::Item };
-        self.metrics.claim_answered(request.service.as_str(), outcome);
+        self.core.metrics.claim_answered(request.service.as_str(), outcome);
         Ok(items)
     }
 
@@ -194,8 +225,8 @@ impl Broker {
         request: &ClaimRequest,
         wait: Duration,
     ) -> Result<Vec<WorkItem>, BrokerError> {
-        let deadline = Instant::now() + wait.min(self.settings.long_poll_max);
-        let signal = self.signals.for_service(request.service.as_str());
+        let deadline = Instant::now() + wait.min(self.core.settings.long_poll_max);
+        let signal = self.core.signals.for_service(request.service.as_str());
         loop {
             let mut notified = pin!(signal.notified());
             notified.as_mut().enable();
@@ -206,7 +237,7 @@ impl Broker {
             let _waiting = signal.waiting();
             // A waiting querier is still there: its last_seen keeps moving while it waits, so
             // that it neither looks disconnected nor is forgotten in the middle of a long poll.
-            let touch_every = Duration::from_millis(self.touch_every_millis().unsigned_abs());
+            let touch_every = Duration::from_millis(self.core.touch_every_millis().unsigned_abs());
             let capped = request.strategy.as_deref().is_some_and(has_hard_cap);
             let slice = if capped { CAPPED_POLL } else { touch_every };
             loop {
@@ -217,26 +248,17 @@ impl Broker {
                             break;
                         }
                     }
-                    () = self.drained() => return Ok(items),
+                    () = self.core.drained() => return Ok(items),
                 }
                 // Under a cap, capacity may have freed meanwhile: look again.
                 if capped && Instant::now() < deadline {
                     break;
                 }
-                self.touch(request.querier.as_str()).await?;
+                self.tenancy.touch(request.querier.as_str()).await?;
                 if Instant::now() >= deadline {
                     return Ok(items);
                 }
             }
         }
-    }
-
-    /// Clears the dead row versions and index entries that claims and completions leave at the
-    /// head of the fair order, where every claim starts reading (see the statement's file).
-    pub async fn vacuum_fair_order(&self) -> Result<(), BrokerError> {
-        let client = self.client().await?;
-        // Simple protocol: VACUUM cannot run in the transaction a prepared statement opens.
-        client.batch_execute(VACUUM_FAIR_ORDER).await?;
-        Ok(())
     }
 }

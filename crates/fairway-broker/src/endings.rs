@@ -7,14 +7,20 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::types::Json;
 use tokio_postgres::Row;
 
-use super::batch::{answer_each, batch_index};
 use super::jobs::{apply_step_deltas, create_step_queues, StepDeltas, TenantDeltas, TenantRow};
-use super::{Broker, BrokerError};
+use crate::batch::{answer_each, batch_index, in_batch};
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+use crate::batch::Batches;
+use crate::core::Core;
 use crate::db::sql::{
     self, DESCRIBE_ITEM, EXTEND_LEASE, FIND_EXPIRED_LEASES, FINISH_ITEMS, INSERT_AGGREGATE_ITEM,
     INSERT_NEXT_STEP_ITEMS, PLAN_AGGREGATE_ITEM, REFRESH_JOB_STATUS,
 };
 use crate::metrics::{BatchKind, Finish};
+use crate::{BrokerError, Tenancy};
 use fairway_api::model::{
     reject_nul, ComponentName, ItemStatus, JobId, StatusUpdate, WorkItem, WorkItemId,
 };
@@ -135,7 +141,30 @@ impl AttemptEnding {
     }
 }
 
-impl Broker {
+/// Ends attempts: each report waits in a group-commit batch with those that arrive meanwhile,
+/// and one transaction applies them, moves the counters and grows the workflows.
+#[derive(Clone)]
+pub struct Endings {
+    core: Arc<Core>,
+    batches: Batches<AttemptEnding, Result<Answer, BrokerError>>,
+    /// Notified when a claim batch of this broker commits: a deferred ending goes again then.
+    claims_committed: Arc<Notify>,
+    /// A querier that is shutting down leaves its shards once its last lease ends.
+    tenancy: Tenancy,
+}
+
+impl Endings {
+    pub(crate) fn new(
+        core: Arc<Core>,
+        batches: Batches<AttemptEnding, Result<Answer, BrokerError>>,
+        claims_committed: Arc<Notify>,
+        tenancy: Tenancy,
+    ) -> Self {
+        Self { core, batches, claims_committed, tenancy }
+    }
+}
+
+impl Endings {
     /// Applies a worker's report on the attempt it holds, and returns the item's status after
     /// it. A stale attempt or a finished item is a conflict and changes nothing.
     ///
@@ -172,8 +201,9 @@ impl Broker {
             // counts.
             let mut claims_committed = pin!(self.claims_committed.notified());
             claims_committed.as_mut().enable();
-            let answer = self.in_batch(
-                &self.endings,
+            let answer = in_batch(
+                self,
+                &self.batches,
                 ending.clone(),
                 Self::end_in_batch,
                 Self::unread_endings,
@@ -222,7 +252,7 @@ impl Broker {
                             attempt = item.attempt,
                             "released an unanswered claim"
                         );
-                        self.metrics.claim_released(&item.service);
+                        self.core.metrics.claim_released(&item.service);
                     }
                 }
             }
@@ -240,8 +270,8 @@ impl Broker {
         attempt: i32,
         token: Option<i64>,
     ) -> Result<ItemStatus, BrokerError> {
-        let client = self.client().await?;
-        let lease = self.lease_millis();
+        let client = self.core.client().await?;
+        let lease = self.core.lease_millis();
         let params: sql::Params = &[&id.0, &attempt, &lease, &token];
         if sql::query_opt(&client, EXTEND_LEASE, params).await?.is_none() {
             return Err(why_not_applied(&client, id, attempt, token).await?);
@@ -251,7 +281,7 @@ impl Broker {
 
     /// Ends the attempts of a batch in one transaction.
     async fn end_in_batch(self, endings: Vec<AttemptEnding>) -> Vec<Result<Answer, BrokerError>> {
-        self.metrics.batch(BatchKind::Ending, endings.len());
+        self.core.metrics.batch(BatchKind::Ending, endings.len());
         answer_each(&endings, |batch| self.end_batch(batch, LeaseCondition::Any, Owners::SkipHeld))
             .await
     }
@@ -259,9 +289,9 @@ impl Broker {
     /// Treats every expired lease (up to `limit`) as a retryable failure, [`REAP_CHUNK`] to a
     /// transaction. Safe to run in several brokers at once: an item another reaper or its
     /// worker settled first is left alone. Returns how many leases it expired.
-    pub async fn reap_expired_leases(&self, limit: i64) -> Result<usize, BrokerError> {
+    pub(crate) async fn reap_expired_leases(&self, limit: i64) -> Result<usize, BrokerError> {
         let expired = {
-            let client = self.client().await?;
+            let client = self.core.client().await?;
             sql::query(&client, FIND_EXPIRED_LEASES, &[&limit]).await?
         };
         let endings = expired
@@ -305,7 +335,7 @@ impl Broker {
             LeaseCondition::Any => "end_attempts",
             LeaseCondition::Expired => "expire_leases",
         };
-        self.retrying(operation, || self.end_batch_once(endings, condition, owners)).await
+        self.core.retrying(operation, || self.end_batch_once(endings, condition, owners)).await
     }
 
     async fn end_batch_once(
@@ -314,7 +344,7 @@ impl Broker {
         condition: LeaseCondition,
         owners: Owners,
     ) -> Result<Vec<Result<Answer, BrokerError>>, BrokerError> {
-        let client = self.client().await?;
+        let client = self.core.client().await?;
         // Prepared before anything is sent, so that the pipelined requests below go out in
         // the order they are written.
         let finish_items = client.prepare_cached(FINISH_ITEMS).await?;
@@ -359,7 +389,7 @@ impl Broker {
                     // A test's forced deadlock, as if finish_items had met one: the batch rolls
                     // back below, like any failed run.
                     #[cfg(feature = "fault-injection")]
-                    self.faults.strike(super::faults::Point::EndAttempts, &client).await?;
+                    self.core.faults.strike(crate::faults::Point::EndAttempts, &client).await?;
                     self.grow_workflows(&client, endings, &recorded, &finished).await
                 }
                 .await
@@ -381,7 +411,7 @@ impl Broker {
         // shutting down leave its shards once it holds no lease. The endings are committed:
         // what follows must not turn them into errors.
         for ended in &released {
-            self.signals.for_service(&ended.service).release_one();
+            self.core.signals.for_service(&ended.service).release_one();
             if ended.released {
                 continue;
             }
@@ -390,13 +420,13 @@ impl Broker {
                 ItemStatus::Failed => Finish::Failed,
                 _ => Finish::Successful,
             };
-            self.metrics.finished(&ended.service, &ended.tenant, finish, 1);
+            self.core.metrics.finished(&ended.service, &ended.tenant, finish, 1);
             if condition == LeaseCondition::Expired {
-                self.metrics.lease_expired(&ended.service);
+                self.core.metrics.lease_expired(&ended.service);
             }
         }
         if released.iter().any(|ended| ended.querier_leaving) {
-            if let Err(error) = self.retire_queriers().await {
+            if let Err(error) = self.tenancy.retire_queriers().await {
                 tracing::warn!(%error, "retiring queriers after their leases ended");
             }
         }
@@ -461,7 +491,7 @@ impl Broker {
 
     /// What an ending records on its item: a retryable failure is a retry while retries last.
     fn record<'a>(&self, ending: &'a AttemptEnding) -> Recorded<'a> {
-        let retry_allowed = i64::from(ending.attempt) <= i64::from(self.settings.max_retries);
+        let retry_allowed = i64::from(ending.attempt) <= i64::from(self.core.settings.max_retries);
         match &ending.ending {
             Ending::Successful { results, component } => Recorded {
                 status: ItemStatus::Successful,

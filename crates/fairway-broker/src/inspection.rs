@@ -1,12 +1,14 @@
 use super::rows;
-use super::{snapshot, Broker, BrokerError};
+use crate::core::snapshot;
 use crate::db::sql::{
     self, CHECK_CONSISTENCY, FOLD_STRATEGY_RUNNING, LIST_USER_SHARES, LIST_USER_WORK,
     STRATEGY_USAGE,
 };
+use crate::BrokerError;
+use crate::Maintenance;
 use fairway_api::model::{Mismatch, StrategyUsage, UserShare, UserWorkCursor, UserWorkRow};
 
-impl Broker {
+impl Maintenance {
     /// Up to `limit` rows of the user_work table after `after` (from the start when None),
     /// optionally for one service and one user.
     pub async fn user_work(
@@ -16,7 +18,7 @@ impl Broker {
         limit: i64,
         after: Option<&UserWorkCursor>,
     ) -> Result<Vec<UserWorkRow>, BrokerError> {
-        let client = self.client().await?;
+        let client = self.core.client().await?;
         let (user_after, service_after, job_after, step_after, component_after) = match after {
             Some(key) => (
                 Some(key.0.as_str()),
@@ -47,7 +49,7 @@ impl Broker {
         service: &str,
         limit: i64,
     ) -> Result<Vec<UserShare>, BrokerError> {
-        let client = self.client().await?;
+        let client = self.core.client().await?;
         sql::query(&client, LIST_USER_SHARES, &[&service, &limit])
             .await?
             .iter()
@@ -57,7 +59,7 @@ impl Broker {
 
     /// Recounts every counter from the work items and returns each difference.
     pub async fn check_consistency(&self) -> Result<Vec<Mismatch>, BrokerError> {
-        let mut client = self.client().await?;
+        let mut client = self.core.client().await?;
         let tx = snapshot(&mut client).await?;
         let rows = sql::query(&tx, CHECK_CONSISTENCY, &[]).await?;
         tx.commit().await?;
@@ -71,7 +73,7 @@ impl Broker {
         service: &str,
         key: &str,
     ) -> Result<Vec<StrategyUsage>, BrokerError> {
-        let client = self.client().await?;
+        let client = self.core.client().await?;
         sql::query(&client, STRATEGY_USAGE, &[&service, &key])
             .await?
             .iter()
@@ -81,7 +83,7 @@ impl Broker {
 
     /// Folds the strategies' logged running-count changes into their rows (those free now).
     pub async fn fold_strategy_running(&self) -> Result<(), BrokerError> {
-        let client = self.client().await?;
+        let client = self.core.client().await?;
         sql::query_one(&client, FOLD_STRATEGY_RUNNING, &[]).await?;
         Ok(())
     }

@@ -1,58 +1,61 @@
 //! Queriers, tenants and their shards: who may serve whom. All of it lives in the database, so
 //! every broker process decides claims from the same membership.
 
-use std::time::Duration;
-
 use deadpool_postgres::GenericClient;
 
 use super::rows;
-use super::{Broker, BrokerError};
+use std::sync::Arc;
+
+use crate::core::Core;
 use crate::db::sql::{
     self, JOIN_QUERIER, LIST_QUERIERS, LIST_TENANTS, LOCK_IDLE_TENANT_QUEUES, LOCK_MEMBERSHIP,
     RECOUNT_TENANT_RUNNING, RESHARD_TENANTS, RETIRE_QUERIERS, RETIRE_TENANT_QUEUES,
     SHUT_DOWN_QUERIER, TOUCH_QUERIER, UPSERT_TENANT,
 };
+use crate::BrokerError;
 use fairway_api::model::{QuerierName, TenantName};
 use fairway_api::tenancy::{QuerierDocument, TenantDocument, TenantLimits};
 
-impl Broker {
+/// Queriers, tenants and their shards.
+#[derive(Clone)]
+pub struct Tenancy {
+    core: Arc<Core>,
+}
+
+impl Tenancy {
+    pub(crate) fn new(core: Arc<Core>) -> Self {
+        Self { core }
+    }
+}
+
+impl Tenancy {
     /// A querier's first work request makes it a member, and redraws the shards.
-    pub(super) async fn join_querier(&self, querier: &str) -> Result<(), BrokerError> {
-        self.retrying("join_querier", move || self.join_querier_once(querier)).await
+    pub(crate) async fn join_querier(&self, querier: &str) -> Result<(), BrokerError> {
+        self.core.retrying("join_querier", move || self.join_querier_once(querier)).await
     }
 
     async fn join_querier_once(&self, querier: &str) -> Result<(), BrokerError> {
-        let mut client = self.client().await?;
+        let mut client = self.core.client().await?;
         let tx = membership_change(&mut client).await?;
         let joined = sql::query_opt(&tx, JOIN_QUERIER, &[&querier]).await?.is_some();
         commit_membership_change(tx, joined).await
     }
 
     /// Records that the querier is still there: a waiting long poll counts as a request.
-    pub(super) async fn touch(&self, querier: &str) -> Result<(), BrokerError> {
-        let client = self.client().await?;
-        sql::execute(&client, TOUCH_QUERIER, &[&querier, &self.touch_every_millis()]).await?;
+    pub(crate) async fn touch(&self, querier: &str) -> Result<(), BrokerError> {
+        let client = self.core.client().await?;
+        sql::execute(&client, TOUCH_QUERIER, &[&querier, &self.core.touch_every_millis()]).await?;
         Ok(())
-    }
-
-    pub(super) fn touch_every_millis(&self) -> i64 {
-        // A quarter of the forget delay, at least once a second and at most every 10 ms:
-        // precise enough for the admin view without a write per request on the querier's
-        // shared row.
-        let every = (self.settings.querier_forget_delay / 4)
-            .min(Duration::from_secs(1))
-            .max(Duration::from_millis(10));
-        sql::millis(every)
     }
 
     /// A querier announced its shutdown: its further work requests get 410, and it leaves its
     /// shards once it holds no lease.
     pub async fn shut_down_querier(&self, querier: &QuerierName) -> Result<(), BrokerError> {
-        self.retrying("shut_down_querier", move || self.shut_down_querier_once(querier)).await
+        self.core.retrying("shut_down_querier", move || self.shut_down_querier_once(querier)).await
     }
 
     async fn shut_down_querier_once(&self, querier: &QuerierName) -> Result<(), BrokerError> {
-        let mut client = self.client().await?;
+        let mut client = self.core.client().await?;
         let tx = membership_change(&mut client).await?;
         sql::execute(&tx, SHUT_DOWN_QUERIER, &[&querier.as_str()]).await?;
         let changed = retire(&tx, self.forget_after_millis()).await?;
@@ -62,18 +65,18 @@ impl Broker {
     /// Retires queriers that shut down and hold no lease, forgets silent ones, and redraws
     /// shards when anything changed. Run by the reaper and after a release.
     pub async fn retire_queriers(&self) -> Result<(), BrokerError> {
-        self.retrying("retire_queriers", move || self.retire_queriers_once()).await
+        self.core.retrying("retire_queriers", move || self.retire_queriers_once()).await
     }
 
     async fn retire_queriers_once(&self) -> Result<(), BrokerError> {
-        let mut client = self.client().await?;
+        let mut client = self.core.client().await?;
         let tx = membership_change(&mut client).await?;
         let changed = retire(&tx, self.forget_after_millis()).await?;
         commit_membership_change(tx, changed).await
     }
 
     fn forget_after_millis(&self) -> i64 {
-        sql::millis(self.settings.querier_forget_delay)
+        sql::millis(self.core.settings.querier_forget_delay)
     }
 
     /// Sets a tenant's limits (creating it) and redraws the shards.
@@ -82,7 +85,7 @@ impl Broker {
         tenant: &TenantName,
         limits: TenantLimits,
     ) -> Result<TenantDocument, BrokerError> {
-        self.retrying("set_tenant", move || self.set_tenant_once(tenant, limits)).await
+        self.core.retrying("set_tenant", move || self.set_tenant_once(tenant, limits)).await
     }
 
     async fn set_tenant_once(
@@ -90,7 +93,7 @@ impl Broker {
         tenant: &TenantName,
         limits: TenantLimits,
     ) -> Result<TenantDocument, BrokerError> {
-        let mut client = self.client().await?;
+        let mut client = self.core.client().await?;
         let tx = membership_change(&mut client).await?;
         let params: sql::Params =
             &[&tenant.as_str(), &limits.max_queriers, &limits.max_outstanding];
@@ -102,7 +105,7 @@ impl Broker {
     }
 
     pub async fn tenant(&self, tenant: &TenantName) -> Result<TenantDocument, BrokerError> {
-        let client = self.client().await?;
+        let client = self.core.client().await?;
         read_tenants(&client, Some(tenant.as_str()))
             .await?
             .pop()
@@ -110,12 +113,12 @@ impl Broker {
     }
 
     pub async fn tenants(&self) -> Result<Vec<TenantDocument>, BrokerError> {
-        let client = self.client().await?;
+        let client = self.core.client().await?;
         read_tenants(&client, None).await
     }
 
     pub async fn queriers(&self) -> Result<Vec<QuerierDocument>, BrokerError> {
-        let client = self.client().await?;
+        let client = self.core.client().await?;
         let disconnected_after = self.forget_after_millis() / 2;
         sql::query(&client, LIST_QUERIERS, &[&disconnected_after])
             .await?
@@ -127,11 +130,11 @@ impl Broker {
     /// Keeps the tenant level of the fair order tidy: retires tenant queues with nothing
     /// claimable (so claims do not step over them), and recounts the running hints.
     pub async fn tidy_tenant_queues(&self) -> Result<(), BrokerError> {
-        self.retrying("tidy_tenant_queues", move || self.tidy_tenant_queues_once()).await
+        self.core.retrying("tidy_tenant_queues", move || self.tidy_tenant_queues_once()).await
     }
 
     async fn tidy_tenant_queues_once(&self) -> Result<(), BrokerError> {
-        let mut client = self.client().await?;
+        let mut client = self.core.client().await?;
         let tx = client.transaction().await?;
         let idle = sql::query(&tx, LOCK_IDLE_TENANT_QUEUES, &[]).await?;
         if !idle.is_empty() {
