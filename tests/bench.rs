@@ -8,7 +8,7 @@
 
 use clap::Parser;
 use fairway_bench::args::BenchArgs;
-use fairway_broker::db::sql::CHECK_CONSISTENCY;
+use fairway_broker::db::sql::{CheckConsistency, Statement};
 use serde_json::Value;
 
 // Only the connection helpers are used here.
@@ -165,7 +165,7 @@ async fn bench_database() -> tokio_postgres::Client {
 /// A recount of the database the last run left finds nothing to mend.
 async fn assert_counters_exact() {
     let db = bench_database().await;
-    let mismatches = db.query(CHECK_CONSISTENCY, &[]).await.expect("recount");
+    let mismatches = db.query(CheckConsistency::SQL, &[]).await.expect("recount");
     let rows: Vec<String> = mismatches
         .iter()
         .map(|row| {

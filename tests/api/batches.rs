@@ -6,7 +6,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use fairway_broker::db::sql;
+use fairway_broker::db::sql::{self, Statement};
 
 use crate::helpers::{spawn_app, TestApp};
 
@@ -30,7 +30,7 @@ async fn one_claim_batch_answers_each_request_for_its_own_querier() {
     let rows = app
         .db
         .query(
-            sql::CLAIM_ITEMS,
+            sql::ClaimItems::SQL,
             &[
                 &&services[..],
                 &&queriers[..],
@@ -258,7 +258,7 @@ async fn end_successfully(app: &TestApp, ids: &[i64], attempts: &[i32]) -> Vec<(
         &ids, &attempts, &statuses, &results, &nothing, &nothing, &digests, &uncounted, &false,
         &false, &tokens,
     ];
-    let rows = app.db.query(sql::FINISH_ITEMS, &params).await.expect("finish_items");
+    let rows = app.db.query(sql::FinishItems::SQL, &params).await.expect("finish_items");
     let mut answers: Vec<(i32, bool)> =
         rows.iter().map(|row| (row.get("ending"), row.get("deferred"))).collect();
     answers.sort_unstable();

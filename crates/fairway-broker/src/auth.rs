@@ -26,9 +26,10 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::db::sql::{
-    self, ENSURE_ADMIN_TOKEN, FIND_TOKEN, INSERT_TOKEN, LIST_TOKENS, REVOKE_TOKEN, TOKENS_EXIST,
-    TOUCH_TOKEN,
+    self, EnsureAdminToken, FindToken, InsertToken, ListTokens, RevokeToken, TokensExist,
+    TouchToken,
 };
+use crate::rows::TokenRow;
 use crate::BrokerError;
 use fairway_api::model::{ServiceName, TenantName};
 use fairway_api::tokens::{Role, TokenDocument};
@@ -223,8 +224,7 @@ impl Authenticator {
     pub async fn refresh(&self) -> Result<(), BrokerError> {
         if !self.is_on() {
             let client = self.inner.pool.get().await?;
-            let exists: bool = sql::query_one(&client, TOKENS_EXIST, &[]).await?.try_get(0)?;
-            if exists {
+            if sql::fetch_one(&client, &TokensExist {}).await?.exists {
                 self.turn_on();
             }
         }
@@ -284,14 +284,14 @@ impl Authenticator {
     /// The token whose hash is `digest`, compared in constant time once found.
     async fn look_up(&self, digest: &[u8; 32]) -> Result<Option<Arc<TokenDocument>>, BrokerError> {
         let client = self.inner.pool.get().await?;
-        let Some(row) = sql::query_opt(&client, FIND_TOKEN, &[&digest.as_slice()]).await? else {
+        let find = FindToken { hash: digest.as_slice() };
+        let Some(TokenRow { token, hash }) = sql::fetch_opt(&client, &find).await? else {
             return Ok(None);
         };
-        let stored: Vec<u8> = row.try_get("hash")?;
-        if !bool::from(stored.as_slice().ct_eq(digest.as_slice())) {
+        if !bool::from(hash.as_slice().ct_eq(digest.as_slice())) {
             return Ok(None);
         }
-        Ok(Some(Arc::new(crate::rows::token_document(&row)?)))
+        Ok(Some(Arc::new(token)))
     }
 
     /// Writes the token's last use, in the background, if this broker has not in a minute.
@@ -308,7 +308,7 @@ impl Authenticator {
         tokio::spawn(async move {
             let outcome = async {
                 let client = pool.get().await?;
-                sql::execute(&client, TOUCH_TOKEN, &[&id]).await?;
+                sql::run(&client, &TouchToken { id }).await?;
                 Ok::<_, BrokerError>(())
             };
             if let Err(error) = outcome.await {
@@ -361,10 +361,16 @@ impl Authenticator {
             None => None,
         };
         let client = self.inner.pool.get().await?;
-        let params: sql::Params =
-            &[&name, &role.as_str(), &tenants, &services, &digest.as_slice(), &expires_ms];
-        let row = match sql::query_opt(&client, INSERT_TOKEN, params).await? {
-            Some(row) => row,
+        let insert = InsertToken {
+            name: &name,
+            role: role.as_str(),
+            tenants: tenants.as_deref(),
+            services: services.as_deref(),
+            hash: digest.as_slice(),
+            expires_in_millis: expires_ms,
+        };
+        let token = match sql::fetch_opt(&client, &insert).await? {
+            Some(token) => token,
             None => {
                 return Err(BrokerError::conflict(
                     "token_name_taken",
@@ -375,28 +381,24 @@ impl Authenticator {
             }
         };
         self.turn_on();
-        Ok((crate::rows::token_document(&row)?, secret))
+        Ok((token, secret))
     }
 
     /// Every token, revoked ones too, oldest first; never a secret.
     pub async fn list(&self) -> Result<Vec<TokenDocument>, BrokerError> {
         let client = self.inner.pool.get().await?;
-        sql::query(&client, LIST_TOKENS, &[])
-            .await?
-            .iter()
-            .map(crate::rows::token_document)
-            .collect()
+        Ok(sql::fetch_all(&client, &ListTokens {}).await?)
     }
 
     /// Revokes token `id` (already revoked: as it was). Every broker refuses it within
     /// --auth-cache-ttl; this one at once.
     pub async fn revoke(&self, id: i64) -> Result<TokenDocument, BrokerError> {
         let client = self.inner.pool.get().await?;
-        let Some(row) = sql::query_opt(&client, REVOKE_TOKEN, &[&id]).await? else {
+        let Some(token) = sql::fetch_opt(&client, &RevokeToken { id }).await? else {
             return Err(BrokerError::not_found("token_not_found", format!("no token {id}")));
         };
         self.inner.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clear();
-        crate::rows::token_document(&row)
+        Ok(token)
     }
 }
 
@@ -437,7 +439,8 @@ async fn ensure_admin_token(pool: &Pool, token: &str) -> Result<(), BrokerError>
     let digest = hash(token);
     let name = format!("bootstrap-admin-{}", &hex(&digest)[..8]);
     let client = pool.get().await?;
-    let inserted = sql::execute(&client, ENSURE_ADMIN_TOKEN, &[&name, &digest.as_slice()]).await?;
+    let ensure = EnsureAdminToken { name: &name, hash: digest.as_slice() };
+    let inserted = sql::run(&client, &ensure).await?;
     if inserted > 0 {
         tracing::info!(name, "stored the hash of FAIRWAY_ADMIN_TOKEN as an admin token");
     }

@@ -8,17 +8,13 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{oneshot, Semaphore};
-use tokio_postgres::Row;
 
 use super::BrokerError;
 
-/// Which request of a batch of `len` a row of the batch's statement answers: its 1-based
-/// index in `column`. A row that names no request of the batch means the batch is lost.
-pub fn batch_index(row: &Row, column: &str, len: usize) -> Result<usize, BrokerError> {
-    usize::try_from(row.try_get::<_, i32>(column)? - 1)
-        .ok()
-        .filter(|index| *index < len)
-        .ok_or(BrokerError::BatchLost)
+/// Which request of a batch of `len` a row of the batch's statement answers, from the 1-based
+/// index the row gives. A row that names no request of the batch means the batch is lost.
+pub fn batch_index(one_based: i32, len: usize) -> Result<usize, BrokerError> {
+    usize::try_from(one_based - 1).ok().filter(|index| *index < len).ok_or(BrokerError::BatchLost)
 }
 
 /// A queue of requests `R`, each answered with a `T`, worked off by a bounded number of lanes.

@@ -1,19 +1,19 @@
+//! Handing out work: claim batches chosen by the fair order (or a worker's strategy) in one
+//! transaction each, and the long polls that wait for work to appear.
+
 use std::pin::pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::rows;
-use crate::batch::{answer_each, batch_index, in_batch};
-use std::sync::Arc;
-
-use tokio::sync::Notify;
-
-use crate::batch::Batches;
+use crate::batch::{answer_each, batch_index, in_batch, Batches};
 use crate::core::Core;
-use crate::db::sql::{self, CLAIM_ITEMS, HAS_CLAIMABLE_WORK};
+use crate::db::sql::{self, ClaimItems, HasClaimableWork};
 use crate::metrics::{ClaimOutcome, ClaimedItem};
+use crate::rows;
 use crate::{BrokerError, Endings, Tenancy};
 use fairway_api::model::{ClaimRequest, WorkItem};
 use fairway_api::strategy::{ends_in_fair, has_hard_cap};
@@ -148,23 +148,31 @@ impl Claims {
             requests.iter().map(|r| r.strategy.as_deref()).collect();
         let tokens: Vec<Option<i64>> = requests.iter().map(|r| r.token).collect();
         let (lease, touch_every) = (self.core.claim_lease_millis(), self.core.touch_every_millis());
-        let params: sql::Params =
-            &[&services, &queriers, &workers, &maxes, &lease, &touch_every, &strategies, &tokens];
         let mut items: Vec<Vec<WorkItem>> = requests.iter().map(|_| Vec::new()).collect();
         let mut states: Vec<Option<String>> = vec![None; requests.len()];
         let mut passed_over = vec![false; requests.len()];
-        let claimed = sql::query(&client, CLAIM_ITEMS, params).await?;
+        let claim = ClaimItems {
+            services: &services,
+            queriers: &queriers,
+            workers: &workers,
+            maxes: &maxes,
+            lease_millis: lease,
+            touch_every_millis: touch_every,
+            strategies: &strategies,
+            tokens: &tokens,
+        };
+        let claimed = sql::fetch_all(&client, &claim).await?;
         self.committed.notify_waiters();
         #[cfg(feature = "fault-injection")]
         self.core.faults.pause(crate::faults::Point::ClaimCommitted).await;
         let lease = chrono::Duration::milliseconds(lease);
         for row in claimed {
-            let request = batch_index(&row, "request", requests.len())?;
-            states[request] = row.try_get("querier_state")?;
-            if row.try_get::<_, Option<i64>>("id")?.is_some() {
-                items[request].push(rows::work_item(&row, services[request])?);
-            } else {
-                passed_over[request] = row.try_get::<_, Option<bool>>("passed_over")? == Some(true);
+            let request = batch_index(row.request, requests.len())?;
+            states[request] = row.querier_state.clone();
+            let passed = row.passed_over == Some(true);
+            match rows::work_item(row, services[request]) {
+                Some(item) => items[request].push(item),
+                None => passed_over[request] = passed,
             }
         }
         // Only a first attempt is known to have waited since its creation; a retry's wait
@@ -194,9 +202,11 @@ impl Claims {
                 }
                 // The batch has committed: an error from here on is this request's alone.
                 Some(_) => {
-                    let params: sql::Params =
-                        &[&request.service.as_str(), &request.querier.as_str()];
-                    match sql::query_opt(&client, HAS_CLAIMABLE_WORK, params).await {
+                    let has_work = HasClaimableWork {
+                        service: request.service.as_str(),
+                        querier: request.querier.as_str(),
+                    };
+                    match sql::fetch_opt(&client, &has_work).await {
                         Ok(Some(_)) => Ok(Look::Contended),
                         Ok(None) => Ok(Look::Nothing),
                         Err(error) => Err(error.into()),

@@ -1,24 +1,24 @@
+//! Ending attempts: workers' status reports and heartbeats, repeated reports, claims whose
+//! answer reached no worker, and the reaper's expired leases, each batch in one transaction.
+
 use std::pin::pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use tokio_postgres::types::Json;
-use tokio_postgres::Row;
-
-use super::jobs::{apply_step_deltas, create_step_queues, StepDeltas, TenantDeltas, TenantRow};
-use crate::batch::{answer_each, batch_index, in_batch};
-use std::sync::Arc;
-
 use tokio::sync::Notify;
+use tokio_postgres::types::Json;
 
-use crate::batch::Batches;
+use crate::batch::{answer_each, batch_index, in_batch, Batches};
 use crate::core::Core;
 use crate::db::sql::{
-    self, DESCRIBE_ITEM, EXTEND_LEASE, FIND_EXPIRED_LEASES, FINISH_ITEMS, INSERT_AGGREGATE_ITEM,
-    INSERT_NEXT_STEP_ITEMS, PLAN_AGGREGATE_ITEM, REFRESH_JOB_STATUS,
+    self, AggregatePlan, AppliedEnding, DescribeItem, ExtendLease, FindExpiredLeases, FinishItems,
+    FinishedRow, InsertAggregateItem, InsertNextStepItems, ItemState, PlanAggregateItem,
+    RefreshJobStatus, Statement,
 };
+use crate::jobs::{apply_step_deltas, create_step_queues, StepDeltas, TenantDeltas, TenantRow};
 use crate::metrics::{BatchKind, Finish};
 use crate::{BrokerError, Tenancy};
 use fairway_api::model::{
@@ -272,8 +272,8 @@ impl Endings {
     ) -> Result<ItemStatus, BrokerError> {
         let client = self.core.client().await?;
         let lease = self.core.lease_millis();
-        let params: sql::Params = &[&id.0, &attempt, &lease, &token];
-        if sql::query_opt(&client, EXTEND_LEASE, params).await?.is_none() {
+        let extend = ExtendLease { id: id.0, attempt, lease_millis: lease, token };
+        if sql::fetch_opt(&client, &extend).await?.is_none() {
             return Err(why_not_applied(&client, id, attempt, token).await?);
         }
         Ok(ItemStatus::Running)
@@ -292,19 +292,17 @@ impl Endings {
     pub(crate) async fn reap_expired_leases(&self, limit: i64) -> Result<usize, BrokerError> {
         let expired = {
             let client = self.core.client().await?;
-            sql::query(&client, FIND_EXPIRED_LEASES, &[&limit]).await?
+            sql::fetch_all(&client, &FindExpiredLeases { limit }).await?
         };
-        let endings = expired
-            .iter()
-            .map(|row| {
-                Ok(AttemptEnding {
-                    id: WorkItemId(row.try_get("id")?),
-                    attempt: row.try_get("attempt")?,
-                    ending: Ending::Expired,
-                    token: None,
-                })
+        let endings: Vec<AttemptEnding> = expired
+            .into_iter()
+            .map(|lease| AttemptEnding {
+                id: WorkItemId(lease.id),
+                attempt: lease.attempt,
+                ending: Ending::Expired,
+                token: None,
             })
-            .collect::<Result<Vec<_>, BrokerError>>()?;
+            .collect();
         let mut reaped = 0;
         for chunk in endings.chunks(REAP_CHUNK) {
             let answers = self.end_batch(chunk, LeaseCondition::Expired, Owners::Wait).await?;
@@ -347,7 +345,7 @@ impl Endings {
         let client = self.core.client().await?;
         // Prepared before anything is sent, so that the pipelined requests below go out in
         // the order they are written.
-        let finish_items = client.prepare_cached(FINISH_ITEMS).await?;
+        let finish_items = client.prepare_cached(FinishItems::SQL).await?;
         let ids: Vec<i64> = endings.iter().map(|ending| ending.id.0).collect();
         let recorded: Vec<Recorded> = endings.iter().map(|ending| self.record(ending)).collect();
         let attempts: Vec<i32> = endings.iter().map(|ending| ending.attempt).collect();
@@ -362,26 +360,30 @@ impl Endings {
         let expired_only = condition == LeaseCondition::Expired;
         let wait = owners == Owners::Wait;
         let tokens: Vec<Option<i64>> = endings.iter().map(|ending| ending.token).collect();
-        let params: sql::Params = &[
-            &ids,
-            &attempts,
-            &statuses,
-            &results,
-            &errors,
-            &next_components,
-            &digests,
-            &uncounted,
-            &expired_only,
-            &wait,
-            &tokens,
-        ];
+        let finish = FinishItems {
+            ids: &ids,
+            attempts: &attempts,
+            statuses: &statuses,
+            results: &results,
+            errors: &errors,
+            next_components: &next_components,
+            digests: &digests,
+            uncounted: &uncounted,
+            expired_only,
+            wait_for_owners: wait,
+            tokens: &tokens,
+        };
+        let params = finish.params();
         // Each request is sent when its future is first polled, and `biased` has try_join poll
         // them in the order written (by default it rotates which one goes first). (Should
         // BEGIN fail, the connection is gone and nothing after it runs.)
         let opened = tokio::try_join!(
             biased;
             async { client.batch_execute("BEGIN").await.map_err(BrokerError::from) },
-            async { client.query(&finish_items, params).await.map_err(BrokerError::from) },
+            async {
+                let rows = client.query(&finish_items, &params).await?;
+                Ok::<_, BrokerError>(sql::decode::<FinishedRow>(&rows)?)
+            },
         );
         let grown = match opened {
             Ok(((), finished)) => {
@@ -441,7 +443,7 @@ impl Endings {
         tx: &impl GenericClient,
         endings: &[AttemptEnding],
         recorded: &[Recorded<'_>],
-        finished: &[Row],
+        finished: &[FinishedRow],
     ) -> Result<(Vec<Result<Answer, BrokerError>>, Vec<Ended>), BrokerError> {
         let mut outcomes: Vec<Option<Result<Answer, BrokerError>>> =
             endings.iter().map(|_| None).collect();
@@ -449,26 +451,22 @@ impl Endings {
         let mut released = Vec::with_capacity(finished.len());
         let mut maybe_done = Vec::new();
         for row in finished {
-            let index = batch_index(row, "ending", endings.len())?;
-            if row.try_get("deferred")? {
+            let index = batch_index(row.ending, endings.len())?;
+            let Some(applied) = &row.applied else {
                 outcomes[index] = Some(Ok(Answer::Deferred));
                 continue;
-            }
+            };
             let ending = &endings[index];
             let status = recorded[index].status;
-            if let Some(job) = self.grow_workflow(tx, ending, row, &mut tenant_deltas).await? {
+            if let Some(job) = self.grow_workflow(tx, ending, applied, &mut tenant_deltas).await? {
                 maybe_done.push(job.0);
             }
-            let service: String = row.try_get("service")?;
-            let tenant: String = row.try_get("tenant")?;
-            let querier_leaving: bool = row.try_get("querier_leaving")?;
-            let was_released = recorded[index].uncounted;
             released.push(Ended {
-                service,
-                tenant,
+                service: applied.service.clone(),
+                tenant: applied.tenant.clone(),
                 status,
-                querier_leaving,
-                released: was_released,
+                querier_leaving: applied.querier_leaving,
+                released: recorded[index].uncounted,
             });
             outcomes[index] = Some(Ok(Answer::Applied(status)));
         }
@@ -483,7 +481,7 @@ impl Endings {
             // Each job once, in a stable order.
             maybe_done.sort_unstable();
             maybe_done.dedup();
-            sql::execute(tx, REFRESH_JOB_STATUS, &[&maybe_done]).await?;
+            sql::run(tx, &RefreshJobStatus { job_ids: &maybe_done }).await?;
         }
         tenant_deltas.apply(tx).await?;
         Ok((answers, released))
@@ -540,40 +538,43 @@ impl Endings {
         &self,
         tx: &impl GenericClient,
         ending: &AttemptEnding,
-        finished: &Row,
+        finished: &AppliedEnding,
         tenant_deltas: &mut TenantDeltas,
     ) -> Result<Option<JobId>, BrokerError> {
-        let job_id = JobId(finished.try_get("job_id")?);
-        let step: i32 = finished.try_get("step_index")?;
-        let mut open_items: i32 = finished.try_get("job_open_items")?;
-        if !finished.try_get::<_, bool>("tenant_applied")? {
+        let job_id = JobId(finished.job_id);
+        let step = finished.step_index;
+        let mut open_items = finished.job_open_items;
+        if !finished.tenant_applied {
             tenant_deltas.push(
-                finished.try_get("service")?,
-                finished.try_get("component")?,
-                finished.try_get("tenant")?,
+                finished.service.clone(),
+                finished.component.clone(),
+                finished.tenant.clone(),
                 -1,
-                finished.try_get("became_claimable")?,
+                finished.became_claimable,
             );
         }
-        if finished.try_get("fans_out")? {
-            let results_component: String = finished.try_get("results_component")?;
+        if let (true, Some(results_component)) = (finished.fans_out, &finished.results_component) {
             let next = step + 1;
-            create_step_queues(tx, job_id, next, &[&results_component]).await?;
-            let created: i32 = sql::query_one(tx, INSERT_NEXT_STEP_ITEMS, &[&ending.id.0, &step])
-                .await?
-                .try_get(0)?;
+            create_step_queues(tx, job_id, next, &[results_component]).await?;
+            let fan_out = InsertNextStepItems { id: ending.id.0, step };
+            let created = sql::fetch_one(tx, &fan_out).await?.count;
             let ready = StepDeltas { ready: created, ..Default::default() };
             let tenant_row = TenantRow::Later(tenant_deltas);
             open_items =
-                apply_step_deltas(tx, job_id, next, &results_component, ready, tenant_row).await?;
+                apply_step_deltas(tx, job_id, next, results_component, ready, tenant_row).await?;
         }
-        if finished.try_get("may_aggregate")? {
-            if let Some(row) = sql::query_opt(tx, PLAN_AGGREGATE_ITEM, &[&job_id.0]).await? {
-                let aggregate_step: i32 = row.try_get("step_index")?;
-                let component: String = row.try_get("component")?;
+        if finished.may_aggregate {
+            let plan = PlanAggregateItem { job_id: job_id.0 };
+            if let Some(AggregatePlan { step_index: aggregate_step, component }) =
+                sql::fetch_opt(tx, &plan).await?
+            {
                 create_step_queues(tx, job_id, aggregate_step, &[&component]).await?;
-                sql::execute(tx, INSERT_AGGREGATE_ITEM, &[&job_id.0, &aggregate_step, &component])
-                    .await?;
+                let aggregate = InsertAggregateItem {
+                    job_id: job_id.0,
+                    step: aggregate_step,
+                    component: &component,
+                };
+                sql::run(tx, &aggregate).await?;
                 let ready = StepDeltas { ready: 1, ..Default::default() };
                 let tenant_row = TenantRow::Later(tenant_deltas);
                 open_items =
@@ -596,8 +597,8 @@ async fn why_not_applied(
     attempt: i32,
     token: Option<i64>,
 ) -> Result<BrokerError, BrokerError> {
-    match sql::query_opt(client, DESCRIBE_ITEM, &[&id.0]).await? {
-        Some(row) => refusal(&row, id, attempt, token),
+    match sql::fetch_opt(client, &DescribeItem { id: id.0 }).await? {
+        Some(item) => Ok(refusal(&item, id, attempt, token)),
         None => Ok(item_not_found(id)),
     }
 }
@@ -609,32 +610,23 @@ async fn unapplied(
     client: &impl GenericClient,
     ending: &AttemptEnding,
 ) -> Result<Result<Answer, BrokerError>, BrokerError> {
-    let Some(row) = sql::query_opt(client, DESCRIBE_ITEM, &[&ending.id.0]).await? else {
+    let Some(item) = sql::fetch_opt(client, &DescribeItem { id: ending.id.0 }).await? else {
         return Ok(Err(item_not_found(ending.id)));
     };
-    if let Some(digest) = ending.digest() {
-        let recorded: Option<Vec<u8>> = row.try_get("ending_digest")?;
-        let ended_as: Option<String> = row.try_get("ended_as")?;
-        if let (Some(recorded), Some(ended_as)) = (recorded, ended_as) {
-            if recorded == digest {
-                return Ok(Ok(Answer::Repeated(crate::rows::stored_item_status(&ended_as)?)));
-            }
+    if let (Some(digest), Some(recorded), Some(ended_as)) =
+        (ending.digest(), &item.ending_digest, &item.ended_as)
+    {
+        if *recorded == digest {
+            return Ok(Ok(Answer::Repeated(ended_as.0)));
         }
     }
-    Ok(Err(refusal(&row, ending.id, ending.attempt, ending.token)?))
+    Ok(Err(refusal(&item, ending.id, ending.attempt, ending.token)))
 }
 
-/// Why an update naming `attempt` of item `id` (`row`, as DESCRIBE_ITEM read it) is refused.
-fn refusal(
-    row: &Row,
-    id: WorkItemId,
-    attempt: i32,
-    token: Option<i64>,
-) -> Result<BrokerError, BrokerError> {
-    let status: String = row.try_get("status")?;
-    let current: i32 = row.try_get("attempt")?;
-    let claimed_by: Option<i64> = row.try_get("claimed_by")?;
-    Ok(match status.as_str() {
+/// Why an update naming `attempt` of item `id` (`item`, as it stands) is refused.
+fn refusal(item: &ItemState, id: WorkItemId, attempt: i32, token: Option<i64>) -> BrokerError {
+    let (status, current, claimed_by) = (&item.status, item.attempt, item.claimed_by);
+    match status.as_str() {
         "running" if current == attempt && token.is_some() && claimed_by != token => {
             BrokerError::Forbidden {
                 code: "not_your_item",
@@ -656,5 +648,5 @@ fn refusal(
             "stale_attempt",
             format!("attempt {attempt} of work item {id} no longer holds a lease"),
         ),
-    })
+    }
 }

@@ -1,3 +1,5 @@
+//! The broker's one error type: what an operation can refuse or fail with, which the HTTP
+//! layer maps to statuses in one place.
 use thiserror::Error;
 
 /// Everything a broker operation can refuse or fail with. The HTTP layer maps each variant to

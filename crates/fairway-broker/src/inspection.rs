@@ -1,11 +1,11 @@
-use super::rows;
+//! What operators read to see and check the fair order: the user_work rows, the users' shares,
+//! the strategies' usage and the consistency recount.
+
 use crate::core::snapshot;
 use crate::db::sql::{
-    self, CHECK_CONSISTENCY, FOLD_STRATEGY_RUNNING, LIST_USER_SHARES, LIST_USER_WORK,
-    STRATEGY_USAGE,
+    self, CheckConsistency, FoldStrategyRunning, ListUserShares, ListUserWork, StrategyUsageOf,
 };
-use crate::BrokerError;
-use crate::Maintenance;
+use crate::{BrokerError, Maintenance};
 use fairway_api::model::{Mismatch, StrategyUsage, UserShare, UserWorkCursor, UserWorkRow};
 
 impl Maintenance {
@@ -29,17 +29,17 @@ impl Maintenance {
             ),
             None => (None, None, None, None, None),
         };
-        let params: sql::Params = &[
-            &service,
-            &user,
-            &limit,
-            &user_after,
-            &service_after,
-            &job_after,
-            &step_after,
-            &component_after,
-        ];
-        sql::query(&client, LIST_USER_WORK, params).await?.iter().map(rows::user_work_row).collect()
+        let list = ListUserWork {
+            service,
+            user,
+            limit,
+            after_user: user_after,
+            after_service: service_after,
+            after_job_id: job_after,
+            after_step: step_after,
+            after_component: component_after,
+        };
+        Ok(sql::fetch_all(&client, &list).await?)
     }
 
     /// The `limit` users with the most running items of `service`, with their ready items:
@@ -50,20 +50,16 @@ impl Maintenance {
         limit: i64,
     ) -> Result<Vec<UserShare>, BrokerError> {
         let client = self.core.client().await?;
-        sql::query(&client, LIST_USER_SHARES, &[&service, &limit])
-            .await?
-            .iter()
-            .map(rows::user_share)
-            .collect()
+        Ok(sql::fetch_all(&client, &ListUserShares { service, limit }).await?)
     }
 
     /// Recounts every counter from the work items and returns each difference.
     pub async fn check_consistency(&self) -> Result<Vec<Mismatch>, BrokerError> {
         let mut client = self.core.client().await?;
         let tx = snapshot(&mut client).await?;
-        let rows = sql::query(&tx, CHECK_CONSISTENCY, &[]).await?;
+        let mismatches = sql::fetch_all(&tx, &CheckConsistency {}).await?;
         tx.commit().await?;
-        rows.iter().map(rows::mismatch).collect()
+        Ok(mismatches)
     }
 
     /// For each value of metadata key `key`, the items of `service` running and ready: what a
@@ -74,17 +70,13 @@ impl Maintenance {
         key: &str,
     ) -> Result<Vec<StrategyUsage>, BrokerError> {
         let client = self.core.client().await?;
-        sql::query(&client, STRATEGY_USAGE, &[&service, &key])
-            .await?
-            .iter()
-            .map(rows::strategy_usage)
-            .collect()
+        Ok(sql::fetch_all(&client, &StrategyUsageOf { service, key }).await?)
     }
 
     /// Folds the strategies' logged running-count changes into their rows (those free now).
     pub async fn fold_strategy_running(&self) -> Result<(), BrokerError> {
         let client = self.core.client().await?;
-        sql::query_one(&client, FOLD_STRATEGY_RUNNING, &[]).await?;
+        sql::run(&client, &FoldStrategyRunning {}).await?;
         Ok(())
     }
 }

@@ -1,22 +1,23 @@
+//! Jobs as producers see them: submitting, pausing, resuming, canceling and reading one; and
+//! the step counters every change of a job's items moves.
+
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
-use tokio_postgres::Row;
 use uuid::Uuid;
-
-use super::rows;
-use std::sync::Arc;
 
 use crate::core::Core;
 use crate::db::sql::{
-    self, APPLY_STEP_DELTAS, APPLY_TENANT_DELTAS, CANCEL_JOB_ITEMS, COUNT_OUTSTANDING,
-    CREATE_STEP_QUEUES, CREATE_TENANT, CREATE_USER, GET_JOB, GET_JOBS_STEPS,
-    INSERT_FIRST_STEP_ITEMS, INSERT_JOB, INSERT_JOB_METADATA, INSERT_JOB_STEPS, JOB_TENANT,
-    LOCK_JOB_OWNER, LOCK_TENANT_LIMIT, LOCK_USER, NOTIFY_JOB_FINISHED, NOTIFY_WORK_READY,
-    SET_JOB_PAUSED, SET_JOB_STATUS,
+    self, ApplyStepDeltas, ApplyTenantDeltas, CancelJobItems, CanceledItems, CountOutstanding,
+    CreateStepQueues, CreateTenant, CreateUser, GetJob, GetJobsSteps, InsertFirstStepItems,
+    InsertJob, InsertJobMetadata, InsertJobSteps, JobTenant, JobTenantRow, LockJobOwner,
+    LockTenantLimit, LockUser, NotifyJobFinished, NotifyWorkReady, Outstanding, ResumedService,
+    SetJobPaused, SetJobStatus, StepChange, TenantLimit,
 };
 use crate::metrics::Finish;
+use crate::rows::{self, JobRow};
 use crate::BrokerError;
 use fairway_api::model::{
     reject_nul, ComponentName, JobDocument, JobId, JobStatus, NewItem, NewJob, StepDocument,
@@ -73,9 +74,14 @@ impl TenantDeltas {
         if self.services.is_empty() {
             return Ok(());
         }
-        let params: sql::Params =
-            &[&self.services, &self.components, &self.tenants, &self.running, &self.activate];
-        sql::query_one(tx, APPLY_TENANT_DELTAS, params).await?;
+        let deltas = ApplyTenantDeltas {
+            services: &self.services,
+            components: &self.components,
+            tenants: &self.tenants,
+            running: &self.running,
+            activate: &self.activate,
+        };
+        sql::run(tx, &deltas).await?;
         Ok(())
     }
 }
@@ -93,37 +99,36 @@ pub(super) async fn apply_step_deltas(
     tenant_row: TenantRow<'_>,
 ) -> Result<i32, BrokerError> {
     let tenant_now = matches!(tenant_row, TenantRow::Now);
-    let row = sql::query_one(
-        tx,
-        APPLY_STEP_DELTAS,
-        &[
-            &job_id.0,
-            &step,
-            &component,
-            &deltas.ready,
-            &deltas.running,
-            &deltas.successful,
-            &deltas.failed,
-            &deltas.canceled,
-            &tenant_now,
-        ],
-    )
-    .await?;
-    let Some(service) = row.try_get::<_, Option<String>>("service")? else {
+    let change = ApplyStepDeltas {
+        job_id: job_id.0,
+        step,
+        component,
+        ready: deltas.ready,
+        running: deltas.running,
+        successful: deltas.successful,
+        failed: deltas.failed,
+        canceled: deltas.canceled,
+        tenant_now,
+    };
+    let StepChange {
+        service: Some(service),
+        tenant: Some(tenant),
+        became_claimable: Some(became_claimable),
+        job_open_items: Some(job_open_items),
+    } = sql::fetch_one(tx, &change).await?
+    else {
         return Err(BrokerError::not_found(
             "step_not_found",
             format!("job {job_id} has no step {step} with items of component {component}"),
         ));
     };
-    let became_claimable: bool = row.try_get("became_claimable")?;
     if became_claimable {
-        sql::execute(tx, NOTIFY_WORK_READY, &[&service]).await?;
+        sql::run(tx, &NotifyWorkReady { service: &service }).await?;
     }
     if let TenantRow::Later(tenant_deltas) = tenant_row {
-        let tenant = row.try_get("tenant")?;
         tenant_deltas.push(service, component.to_owned(), tenant, deltas.running, became_claimable);
     }
-    Ok(row.try_get("job_open_items")?)
+    Ok(job_open_items)
 }
 
 /// Jobs as producers see them: submitting, appending, pausing, resuming and canceling; and (in
@@ -155,19 +160,30 @@ impl Jobs {
 
         let mut client = self.core.client().await?;
         let tx = client.transaction().await?;
-        sql::execute(&tx, CREATE_USER, &[&user]).await?;
-        sql::query_opt(&tx, LOCK_USER, &[&user]).await?;
-        sql::execute(&tx, CREATE_TENANT, &[&tenant]).await?;
+        sql::run(&tx, &CreateUser { user }).await?;
+        sql::fetch_opt(&tx, &LockUser { user }).await?;
+        sql::run(&tx, &CreateTenant { tenant }).await?;
         admit(&tx, tenant, job.items.len()).await?;
-        let actor = job.actor.names();
-        let params: sql::Params =
-            &[&job_id.0, &user, &job.is_async, &tenant, &actor, &job.priority];
-        sql::execute(&tx, INSERT_JOB, params).await?;
-        sql::execute(&tx, INSERT_JOB_STEPS, &[&job_id.0, &services, &aggregates]).await?;
+        let insert = InsertJob {
+            job_id: job_id.0,
+            user,
+            is_async: job.is_async,
+            tenant,
+            actor: job.actor.names(),
+            priority: job.priority,
+        };
+        sql::run(&tx, &insert).await?;
+        let steps =
+            InsertJobSteps { job_id: job_id.0, services: &services, aggregates: &aggregates };
+        sql::run(&tx, &steps).await?;
         if !job.metadata.keys.is_empty() {
-            let params: sql::Params =
-                &[&job_id.0, &job.metadata.keys, &job.metadata.values, &services];
-            sql::execute(&tx, INSERT_JOB_METADATA, params).await?;
+            let metadata = InsertJobMetadata {
+                job_id: job_id.0,
+                keys: &job.metadata.keys,
+                values: &job.metadata.values,
+                services: &services,
+            };
+            sql::run(&tx, &metadata).await?;
         }
         add_first_step_items(&tx, job_id, &job.items).await?;
         #[cfg(feature = "fault-injection")]
@@ -224,9 +240,8 @@ impl Jobs {
         allowed: impl Fn(&str) -> bool,
     ) -> Result<(), BrokerError> {
         let client = self.core.client().await?;
-        let row = sql::query_opt(&client, JOB_TENANT, &[&job_id.0]).await?;
-        match row.map(|row| row.try_get::<_, String>(0)).transpose()? {
-            Some(tenant) if allowed(&tenant) => Ok(()),
+        match sql::fetch_opt(&client, &JobTenant { job_id: job_id.0 }).await? {
+            Some(JobTenantRow { tenant }) if allowed(&tenant) => Ok(()),
             _ => Err(job_not_found(job_id)),
         }
     }
@@ -241,8 +256,8 @@ impl Jobs {
         let tx = client.transaction().await?;
         let job = lock_unfinished_job(&tx, job_id, "pause").await?;
         if job.status != JobStatus::Paused {
-            sql::query(&tx, SET_JOB_PAUSED, &[&job_id.0, &true]).await?;
-            sql::execute(&tx, SET_JOB_STATUS, &[&job_id.0, &JobStatus::Paused.as_str()]).await?;
+            sql::fetch_all(&tx, &SetJobPaused { job_id: job_id.0, paused: true }).await?;
+            set_job_status(&tx, job_id, JobStatus::Paused).await?;
         }
         let job = read_job(&tx, job_id).await?;
         tx.commit().await?;
@@ -259,13 +274,13 @@ impl Jobs {
         let tx = client.transaction().await?;
         let job = lock_unfinished_job(&tx, job_id, "resume").await?;
         if job.status == JobStatus::Paused {
-            for row in sql::query(&tx, SET_JOB_PAUSED, &[&job_id.0, &false]).await? {
-                let service: String = row.try_get("service")?;
-                sql::execute(&tx, NOTIFY_WORK_READY, &[&service]).await?;
+            let resume = SetJobPaused { job_id: job_id.0, paused: false };
+            for ResumedService { service } in sql::fetch_all(&tx, &resume).await? {
+                sql::run(&tx, &NotifyWorkReady { service: &service }).await?;
             }
             let started = job.steps.iter().any(|step| step.total > i64::from(step.ready));
             let status = if started { JobStatus::Running } else { JobStatus::Accepted };
-            sql::execute(&tx, SET_JOB_STATUS, &[&job_id.0, &status.as_str()]).await?;
+            set_job_status(&tx, job_id, status).await?;
         }
         let job = read_job(&tx, job_id).await?;
         tx.commit().await?;
@@ -290,11 +305,8 @@ impl Jobs {
         }
         let mut tenant_deltas = TenantDeltas::default();
         let mut canceled = Vec::new();
-        for row in sql::query(&tx, CANCEL_JOB_ITEMS, &[&job_id.0]).await? {
-            let step: i32 = row.try_get("step_index")?;
-            let component: String = row.try_get("component")?;
-            let ready: i32 = row.try_get("ready")?;
-            let running: i32 = row.try_get("running")?;
+        let canceled_items = sql::fetch_all(&tx, &CancelJobItems { job_id: job_id.0 }).await?;
+        for CanceledItems { step_index: step, component, ready, running } in canceled_items {
             canceled.push((step, ready + running));
             let deltas = StepDeltas {
                 ready: -ready,
@@ -306,8 +318,8 @@ impl Jobs {
             apply_step_deltas(&tx, job_id, step, &component, deltas, tenant_row).await?;
         }
         tenant_deltas.apply(&tx).await?;
-        sql::execute(&tx, SET_JOB_STATUS, &[&job_id.0, &JobStatus::Canceled.as_str()]).await?;
-        sql::execute(&tx, NOTIFY_JOB_FINISHED, &[&job_id.0]).await?;
+        set_job_status(&tx, job_id, JobStatus::Canceled).await?;
+        sql::run(&tx, &NotifyJobFinished { job_id: job_id.0 }).await?;
         let job = read_job(&tx, job_id).await?;
         tx.commit().await?;
         for (step, count) in canceled {
@@ -324,12 +336,12 @@ impl Jobs {
 /// Refuses `count` new items when they would take the tenant past its max_outstanding. Holds
 /// the tenant's row lock, when it has a limit, until the caller's transaction ends.
 async fn admit(tx: &impl GenericClient, tenant: &str, count: usize) -> Result<(), BrokerError> {
-    let Some(row) = sql::query_opt(tx, LOCK_TENANT_LIMIT, &[&tenant]).await? else {
+    let Some(TenantLimit { max_outstanding: limit }) =
+        sql::fetch_opt(tx, &LockTenantLimit { tenant }).await?
+    else {
         return Ok(());
     };
-    let limit: i32 = row.try_get("max_outstanding")?;
-    let outstanding: i64 =
-        sql::query_one(tx, COUNT_OUTSTANDING, &[&tenant]).await?.try_get("outstanding")?;
+    let Outstanding { outstanding } = sql::fetch_one(tx, &CountOutstanding { tenant }).await?;
     let wanted = outstanding.saturating_add(i64::try_from(count).unwrap_or(i64::MAX));
     if wanted > i64::from(limit) {
         return Err(BrokerError::TooManyOutstanding(format!(
@@ -347,7 +359,7 @@ pub(super) async fn create_step_queues(
     step: i32,
     components: &[&str],
 ) -> Result<(), BrokerError> {
-    sql::execute(tx, CREATE_STEP_QUEUES, &[&job_id.0, &step, &components]).await?;
+    sql::run(tx, &CreateStepQueues { job_id: job_id.0, step, components }).await?;
     Ok(())
 }
 
@@ -367,7 +379,12 @@ async fn add_first_step_items(
     create_step_queues(tx, job_id, 0, &components).await?;
     let payloads: Vec<&Value> = items.iter().map(|item| &item.payload).collect();
     let item_components: Vec<&str> = items.iter().map(|item| item.component.as_str()).collect();
-    sql::execute(tx, INSERT_FIRST_STEP_ITEMS, &[&job_id.0, &payloads, &item_components]).await?;
+    let insert = InsertFirstStepItems {
+        job_id: job_id.0,
+        payloads: &payloads,
+        components: &item_components,
+    };
+    sql::run(tx, &insert).await?;
     let mut tenant_deltas = TenantDeltas::default();
     let single = per_component.len() == 1;
     for (component, count) in per_component {
@@ -379,7 +396,7 @@ async fn add_first_step_items(
 }
 
 async fn lock_job_owner(tx: &impl GenericClient, job_id: JobId) -> Result<(), BrokerError> {
-    match sql::query_opt(tx, LOCK_JOB_OWNER, &[&job_id.0]).await? {
+    match sql::fetch_opt(tx, &LockJobOwner { job_id: job_id.0 }).await? {
         Some(_) => Ok(()),
         None => Err(job_not_found(job_id)),
     }
@@ -413,24 +430,36 @@ pub(super) async fn read_job(
     client: &impl GenericClient,
     job_id: JobId,
 ) -> Result<JobDocument, BrokerError> {
-    let job = sql::query_opt(client, GET_JOB, &[&job_id.0])
+    let job = sql::fetch_opt(client, &GetJob { job_id: job_id.0 })
         .await?
         .ok_or_else(|| job_not_found(job_id))?;
-    job_documents(client, &[job]).await?.pop().ok_or_else(|| job_not_found(job_id))
+    job_documents(client, vec![job]).await?.pop().ok_or_else(|| job_not_found(job_id))
 }
 
-/// The documents of `jobs` (rows as `get_job.sql` reads them), their steps read at once.
+/// The documents of `jobs`, their steps read at once.
 pub(super) async fn job_documents(
     client: &impl GenericClient,
-    jobs: &[Row],
+    jobs: Vec<JobRow>,
 ) -> Result<Vec<JobDocument>, BrokerError> {
-    let ids = jobs.iter().map(|job| job.try_get("job_id")).collect::<Result<Vec<Uuid>, _>>()?;
+    let ids: Vec<Uuid> = jobs.iter().map(|job| job.job_id).collect();
     let mut steps: HashMap<Uuid, Vec<StepDocument>> = HashMap::with_capacity(ids.len());
-    for row in sql::query(client, GET_JOBS_STEPS, &[&ids]).await? {
-        steps.entry(row.try_get("job_id")?).or_default().push(rows::step_document(&row)?);
+    for step in sql::fetch_all(client, &GetJobsSteps { job_ids: &ids }).await? {
+        steps.entry(step.job_id).or_default().push(rows::step_document(step));
     }
-    jobs.iter()
-        .zip(ids)
-        .map(|(job, id)| rows::job_document(JobId(id), job, steps.remove(&id).unwrap_or_default()))
-        .collect()
+    Ok(jobs
+        .into_iter()
+        .map(|job| {
+            let job_steps = steps.remove(&job.job_id).unwrap_or_default();
+            rows::job_document(job, job_steps)
+        })
+        .collect())
+}
+
+async fn set_job_status(
+    tx: &impl GenericClient,
+    job_id: JobId,
+    status: JobStatus,
+) -> Result<(), BrokerError> {
+    sql::run(tx, &SetJobStatus { job_id: job_id.0, status: status.as_str() }).await?;
+    Ok(())
 }

@@ -13,6 +13,7 @@ mod error;
 pub mod faults;
 mod inspection;
 mod jobs;
+pub mod listener;
 mod listing;
 mod maintenance;
 pub mod metrics;

@@ -7,12 +7,10 @@ use std::time::Duration;
 use deadpool_postgres::GenericClient;
 use serde_json::value::RawValue;
 
-use super::jobs::{job_documents, read_job};
-use super::rows;
 use crate::core::snapshot;
-use crate::db::sql::{self, LIST_JOB_ITEMS, LIST_TENANT_JOBS, LIST_USER_JOBS};
-use crate::BrokerError;
-use crate::Jobs;
+use crate::db::sql::{self, ListJobItems, ListJobs};
+use crate::jobs::{job_documents, read_job};
+use crate::{BrokerError, Jobs};
 use fairway_api::model::{ItemStatus, JobDocument, JobId, JobStatus, TenantName};
 use fairway_api::pages::{
     ItemDocument, ItemError, ItemFilter, ItemsCursor, ItemsPage, JobOwner, JobsCursor, JobsPage,
@@ -113,33 +111,26 @@ impl Jobs {
             .map(JobStatus::as_str)
             .collect();
         let from = cursor.unwrap_or_else(JobsCursor::start);
-        let rows = match owner {
+        let (user, tenant) = match owner {
             JobOwner::User { user, tenant } => {
-                let tenant = tenant.as_ref().map(TenantName::as_str);
-                let params: sql::Params = &[
-                    &user.as_str(),
-                    &tenant,
-                    &statuses,
-                    &from.created_at,
-                    &from.job_id,
-                    &limit.get(),
-                ];
-                sql::query(&client, LIST_USER_JOBS, params).await?
+                (Some(user.as_str()), tenant.as_ref().map(TenantName::as_str))
             }
-            JobOwner::Tenant(tenant) => {
-                let params: sql::Params =
-                    &[&tenant.as_str(), &statuses, &from.created_at, &from.job_id, &limit.get()];
-                sql::query(&client, LIST_TENANT_JOBS, params).await?
-            }
+            JobOwner::Tenant(tenant) => (None, Some(tenant.as_str())),
         };
+        let list = ListJobs {
+            user,
+            tenant,
+            statuses: &statuses,
+            before_created_at: from.created_at,
+            before_job_id: from.job_id,
+            limit: limit.get(),
+        };
+        let rows = sql::fetch_all(&client, &list).await?;
         let next = match rows.last() {
-            Some(row) => Some(JobsCursor {
-                created_at: row.try_get("created_at")?,
-                job_id: row.try_get("job_id")?,
-            }),
+            Some(row) => Some(JobsCursor { created_at: row.created_at, job_id: row.job_id }),
             None => cursor,
         };
-        let jobs = job_documents(&client, &rows).await?;
+        let jobs = job_documents(&client, rows).await?;
         let more = limit.filled_by(jobs.len());
         Ok(JobsPage { jobs, next_cursor: next.map(|cursor| cursor.to_string()), more })
     }
@@ -180,8 +171,13 @@ async fn list_items(
     limit: PageLimit,
 ) -> Result<Vec<ItemDocument>, BrokerError> {
     let statuses: Vec<&str> = statuses.iter().map(|status| status.as_str()).collect();
-    let params: sql::Params =
-        &[&job_id.0, &statuses, &first_step, &last_step, &cursor.0, &limit.get()];
-    let rows = sql::query(client, LIST_JOB_ITEMS, params).await?;
-    rows.iter().map(rows::item_document).collect()
+    let list = ListJobItems {
+        job_id: job_id.0,
+        statuses: &statuses,
+        first_step,
+        last_step,
+        after_id: cursor.0,
+        limit: limit.get(),
+    };
+    Ok(sql::fetch_all(client, &list).await?)
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::core::Core;
-use crate::db::sql::VACUUM_FAIR_ORDER;
+use crate::db::sql::{Statement, VacuumFairOrder};
 use crate::{BrokerError, Endings};
 
 #[derive(Clone)]
@@ -31,7 +31,7 @@ impl Maintenance {
     pub async fn vacuum_fair_order(&self) -> Result<(), BrokerError> {
         let client = self.core.client().await?;
         // Simple protocol: VACUUM cannot run in the transaction a prepared statement opens.
-        client.batch_execute(VACUUM_FAIR_ORDER).await?;
+        client.batch_execute(VacuumFairOrder::SQL).await?;
         Ok(())
     }
 }

@@ -3,11 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Utc};
-use tokio_postgres::types::Json;
-
-use crate::db::sql::{self, ITEM_CREATION_TIMES, REFRESH_METRICS};
-use crate::metrics::{GaugeRow, PoolConnections};
+use crate::db::sql::{self, ItemCreationTimes, RefreshMetrics};
+use crate::metrics::PoolConnections;
 use crate::{BrokerError, Maintenance};
 use fairway_api::summary::ServiceSummary;
 
@@ -41,9 +38,8 @@ impl Maintenance {
             .metrics
             .refresh_gauges(|| async {
                 let client = self.core.client().await?;
-                let row = sql::query_one(&client, REFRESH_METRICS, &[&refresh_millis]).await?;
-                let Json(rows): Json<Vec<GaugeRow>> = row.try_get("gauges")?;
-                Ok::<_, BrokerError>(rows)
+                let refresh = RefreshMetrics { every_millis: refresh_millis };
+                Ok::<_, BrokerError>(sql::fetch_one(&client, &refresh).await?.gauges.0)
             })
             .await;
     }
@@ -58,11 +54,8 @@ impl Maintenance {
         let ids: Vec<i64> = claimed.iter().map(|item| item.id).collect();
         let client = self.core.client().await?;
         let mut created = BTreeMap::new();
-        for row in sql::query(&client, ITEM_CREATION_TIMES, &[&ids]).await? {
-            created.insert(
-                row.try_get::<_, i64>("id")?,
-                row.try_get::<_, DateTime<Utc>>("created_at")?,
-            );
+        for item in sql::fetch_all(&client, &ItemCreationTimes { ids: &ids }).await? {
+            created.insert(item.id, item.created_at);
         }
         self.core.metrics.queue_waits(&claimed, &created);
         Ok(())

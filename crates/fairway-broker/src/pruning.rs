@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::db::sql::{self, FIND_PRUNABLE_JOBS, LOCK_PRUNER, PRUNE_ITEMS, PRUNE_JOBS};
+use crate::db::sql::{self, FindPrunableJobs, LockPruner, PruneItems, PruneJobs};
 use crate::{BrokerError, Maintenance};
 use fairway_api::model::{JobId, JobStatus};
 
@@ -73,32 +73,28 @@ impl Maintenance {
     async fn prune_batch_once(&self, retention_ms: i64) -> Result<Batch, BrokerError> {
         let mut client = self.core.client().await?;
         let tx = client.transaction().await?;
-        if !sql::query_one(&tx, LOCK_PRUNER, &[&PRUNER_LOCK]).await?.try_get::<_, bool>("locked")? {
+        if !sql::fetch_one(&tx, &LockPruner { lock: PRUNER_LOCK }).await?.locked {
             return Ok(Batch::Done);
         }
-        let doomed = sql::query(&tx, FIND_PRUNABLE_JOBS, &[&retention_ms, &JOBS_PER_BATCH]).await?;
-        if doomed.is_empty() {
+        let find = FindPrunableJobs { retention_millis: retention_ms, limit: JOBS_PER_BATCH };
+        let ids: Vec<uuid::Uuid> =
+            sql::fetch_all(&tx, &find).await?.into_iter().map(|job| job.job_id).collect();
+        if ids.is_empty() {
             return Ok(Batch::Done);
         }
-        let ids = doomed
-            .iter()
-            .map(|row| row.try_get("job_id"))
-            .collect::<Result<Vec<uuid::Uuid>, _>>()?;
-        let items: i64 = sql::query_one(&tx, PRUNE_ITEMS, &[&ids, &ITEMS_PER_BATCH])
+        let items = sql::fetch_one(&tx, &PruneItems { job_ids: &ids, limit: ITEMS_PER_BATCH })
             .await?
-            .try_get("deleted")?;
-        let jobs = sql::query(&tx, PRUNE_JOBS, &[&ids])
+            .deleted;
+        let jobs = sql::fetch_all(&tx, &PruneJobs { job_ids: &ids })
             .await?
-            .iter()
-            .map(|row| {
-                Ok(PrunedJob {
-                    job_id: JobId(row.try_get("job_id")?),
-                    user: row.try_get("username")?,
-                    tenant: row.try_get("tenant")?,
-                    status: crate::rows::stored_job_status(row.try_get("status")?)?,
-                })
+            .into_iter()
+            .map(|job| PrunedJob {
+                job_id: JobId(job.job_id),
+                user: job.username,
+                tenant: job.tenant,
+                status: job.status.0,
             })
-            .collect::<Result<Vec<_>, BrokerError>>()?;
+            .collect();
         tx.commit().await?;
         Ok(Batch::Pruned(PruneBatch { jobs, items }))
     }

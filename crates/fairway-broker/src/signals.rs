@@ -1,3 +1,6 @@
+//! Wake-ups between the requests one broker holds: workers waiting for a service's work, and
+//! producers waiting for a job to finish, woken by this broker's changes and by the database's
+//! notifications of every other broker's.
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

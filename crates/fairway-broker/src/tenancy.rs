@@ -1,16 +1,15 @@
 //! Queriers, tenants and their shards: who may serve whom. All of it lives in the database, so
 //! every broker process decides claims from the same membership.
 
-use deadpool_postgres::GenericClient;
-
-use super::rows;
 use std::sync::Arc;
+
+use deadpool_postgres::GenericClient;
 
 use crate::core::Core;
 use crate::db::sql::{
-    self, JOIN_QUERIER, LIST_QUERIERS, LIST_TENANTS, LOCK_IDLE_TENANT_QUEUES, LOCK_MEMBERSHIP,
-    RECOUNT_TENANT_RUNNING, RESHARD_TENANTS, RETIRE_QUERIERS, RETIRE_TENANT_QUEUES,
-    SHUT_DOWN_QUERIER, TOUCH_QUERIER, UPSERT_TENANT,
+    self, JoinQuerier, ListQueriers, ListTenants, LockIdleTenantQueues, LockMembership,
+    RecountTenantRunning, ReshardTenants, RetireQueriers, RetireTenantQueues, ShutDownQuerier,
+    TouchQuerier, UpsertTenant,
 };
 use crate::BrokerError;
 use fairway_api::model::{QuerierName, TenantName};
@@ -37,14 +36,15 @@ impl Tenancy {
     async fn join_querier_once(&self, querier: &str) -> Result<(), BrokerError> {
         let mut client = self.core.client().await?;
         let tx = membership_change(&mut client).await?;
-        let joined = sql::query_opt(&tx, JOIN_QUERIER, &[&querier]).await?.is_some();
+        let joined = sql::fetch_opt(&tx, &JoinQuerier { querier }).await?.is_some();
         commit_membership_change(tx, joined).await
     }
 
     /// Records that the querier is still there: a waiting long poll counts as a request.
     pub(crate) async fn touch(&self, querier: &str) -> Result<(), BrokerError> {
         let client = self.core.client().await?;
-        sql::execute(&client, TOUCH_QUERIER, &[&querier, &self.core.touch_every_millis()]).await?;
+        let touch = TouchQuerier { querier, every_millis: self.core.touch_every_millis() };
+        sql::run(&client, &touch).await?;
         Ok(())
     }
 
@@ -57,7 +57,7 @@ impl Tenancy {
     async fn shut_down_querier_once(&self, querier: &QuerierName) -> Result<(), BrokerError> {
         let mut client = self.core.client().await?;
         let tx = membership_change(&mut client).await?;
-        sql::execute(&tx, SHUT_DOWN_QUERIER, &[&querier.as_str()]).await?;
+        sql::run(&tx, &ShutDownQuerier { querier: querier.as_str() }).await?;
         let changed = retire(&tx, self.forget_after_millis()).await?;
         commit_membership_change(tx, changed).await
     }
@@ -95,10 +95,13 @@ impl Tenancy {
     ) -> Result<TenantDocument, BrokerError> {
         let mut client = self.core.client().await?;
         let tx = membership_change(&mut client).await?;
-        let params: sql::Params =
-            &[&tenant.as_str(), &limits.max_queriers, &limits.max_outstanding];
-        sql::execute(&tx, UPSERT_TENANT, params).await?;
-        sql::execute(&tx, RESHARD_TENANTS, &[]).await?;
+        let upsert = UpsertTenant {
+            tenant: tenant.as_str(),
+            max_queriers: limits.max_queriers,
+            max_outstanding: limits.max_outstanding,
+        };
+        sql::run(&tx, &upsert).await?;
+        sql::run(&tx, &ReshardTenants {}).await?;
         let document = read_tenants(&tx, Some(tenant.as_str())).await?.pop();
         tx.commit().await?;
         document.ok_or_else(|| tenant_not_found(tenant.as_str()))
@@ -119,12 +122,8 @@ impl Tenancy {
 
     pub async fn queriers(&self) -> Result<Vec<QuerierDocument>, BrokerError> {
         let client = self.core.client().await?;
-        let disconnected_after = self.forget_after_millis() / 2;
-        sql::query(&client, LIST_QUERIERS, &[&disconnected_after])
-            .await?
-            .iter()
-            .map(rows::querier_document)
-            .collect()
+        let list = ListQueriers { disconnected_after_millis: self.forget_after_millis() / 2 };
+        Ok(sql::fetch_all(&client, &list).await?)
     }
 
     /// Keeps the tenant level of the fair order tidy: retires tenant queues with nothing
@@ -136,17 +135,23 @@ impl Tenancy {
     async fn tidy_tenant_queues_once(&self) -> Result<(), BrokerError> {
         let mut client = self.core.client().await?;
         let tx = client.transaction().await?;
-        let idle = sql::query(&tx, LOCK_IDLE_TENANT_QUEUES, &[]).await?;
+        let idle = sql::fetch_all(&tx, &LockIdleTenantQueues {}).await?;
         if !idle.is_empty() {
-            let column = |name: &str| -> Result<Vec<String>, BrokerError> {
-                idle.iter().map(|row| Ok(row.try_get(name)?)).collect()
+            let (mut services, mut components, mut tenants) = (Vec::new(), Vec::new(), Vec::new());
+            for queue in idle {
+                services.push(queue.service);
+                components.push(queue.component);
+                tenants.push(queue.tenant);
+            }
+            let retire = RetireTenantQueues {
+                services: &services,
+                components: &components,
+                tenants: &tenants,
             };
-            let params: sql::Params =
-                &[&column("service")?, &column("component")?, &column("tenant")?];
-            sql::execute(&tx, RETIRE_TENANT_QUEUES, params).await?;
+            sql::run(&tx, &retire).await?;
         }
         tx.commit().await?;
-        sql::execute(&client, RECOUNT_TENANT_RUNNING, &[]).await?;
+        sql::run(&client, &RecountTenantRunning {}).await?;
         Ok(())
     }
 }
@@ -156,7 +161,7 @@ async fn membership_change(
     client: &mut deadpool_postgres::Object,
 ) -> Result<deadpool_postgres::Transaction<'_>, BrokerError> {
     let tx = client.transaction().await?;
-    sql::query(&tx, LOCK_MEMBERSHIP, &[]).await?;
+    sql::fetch_all(&tx, &LockMembership {}).await?;
     Ok(tx)
 }
 
@@ -166,16 +171,15 @@ async fn commit_membership_change(
     changed: bool,
 ) -> Result<(), BrokerError> {
     if changed {
-        sql::execute(&tx, RESHARD_TENANTS, &[]).await?;
+        sql::run(&tx, &ReshardTenants {}).await?;
     }
     tx.commit().await?;
     Ok(())
 }
 
 async fn retire(tx: &impl GenericClient, forget_after: i64) -> Result<bool, BrokerError> {
-    let changed: i64 =
-        sql::query_one(tx, RETIRE_QUERIERS, &[&forget_after]).await?.try_get("changed")?;
-    Ok(changed > 0)
+    let retire = RetireQueriers { forget_after_millis: forget_after };
+    Ok(sql::fetch_one(tx, &retire).await?.changed > 0)
 }
 
 fn tenant_not_found(tenant: &str) -> BrokerError {
@@ -186,5 +190,5 @@ async fn read_tenants(
     client: &impl GenericClient,
     tenant: Option<&str>,
 ) -> Result<Vec<TenantDocument>, BrokerError> {
-    sql::query(client, LIST_TENANTS, &[&tenant]).await?.iter().map(rows::tenant_document).collect()
+    Ok(sql::fetch_all(client, &ListTenants { tenant }).await?)
 }

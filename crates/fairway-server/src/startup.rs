@@ -68,7 +68,7 @@ impl Application {
         let signals = WorkSignals::default();
         let broker = broker(pool, args, signals.clone())?;
         let mut background = maintain(&broker, args);
-        background.push(tokio::spawn(db::listener::listen_for_work(config, signals)));
+        background.push(tokio::spawn(fairway_broker::listener::listen_for_work(config, signals)));
         background.push(tokio::spawn(refresh_auth(authenticator.clone())));
 
         let listener = TcpListener::bind(args.bind)

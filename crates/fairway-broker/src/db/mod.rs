@@ -1,11 +1,11 @@
 //! Everything that knows how to reach PostgreSQL: the pool, the schema (migrations and server
-//! functions), the statements and the LISTEN connection.
+//! functions) and the statements.
 
 pub mod functions;
-pub mod listener;
 pub mod migrations;
 pub mod pool;
 pub mod sql;
+mod statements;
 
 use thiserror::Error;
 

@@ -1,3 +1,4 @@
+//! The connection pool every duty of a broker draws from.
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};

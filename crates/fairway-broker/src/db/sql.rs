@@ -1,5 +1,7 @@
-//! Every statement the broker runs, one named file each under `sql/`, and the thin helpers that run them as cached prepared statements. The
-//! server functions those statements call live in `sql/functions/` (see `functions.rs`).
+//! How the broker runs the statements of `sql/`: each is a [`Statement`], a struct of its
+//! parameters in the order the file numbers them, answering rows of a named [`FromRow`] type.
+//! The declarations are in `statements.rs`; the server functions those statements call live in
+//! `sql/functions/` (see `functions.rs`).
 
 use std::time::Duration;
 
@@ -7,8 +9,10 @@ use deadpool_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Error, Row};
 
-/// Declares a `&str` constant per statement, read at build time from the workspace's `sql/`
-/// folder (`$folder` names a subfolder for a tool's own statements, or is empty).
+pub use super::statements::*;
+
+/// Declares a `&str` constant per statement text, read at build time from the workspace's
+/// `sql/` folder (`$folder` names a subfolder for a tool's own statements, or is empty).
 #[macro_export]
 macro_rules! statements {
     ($folder:literal; $($name:ident = $file:literal;)*) => {
@@ -20,111 +24,160 @@ macro_rules! statements {
     };
 }
 
-statements! {
-    "";
-    APPLY_STEP_DELTAS = "apply_step_deltas";
-    APPLY_TENANT_DELTAS = "apply_tenant_deltas";
-    CANCEL_JOB_ITEMS = "cancel_job_items";
-    CHECK_CONSISTENCY = "check_consistency";
-    CLAIM_ITEMS = "claim_items";
-    COUNT_OUTSTANDING = "count_outstanding";
-    CREATE_STEP_QUEUES = "create_step_queues";
-    CREATE_TENANT = "create_tenant";
-    CREATE_USER = "create_user";
-    DESCRIBE_ITEM = "describe_item";
-    ENSURE_ADMIN_TOKEN = "ensure_admin_token";
-    EXTEND_LEASE = "extend_lease";
-    FIND_EXPIRED_LEASES = "find_expired_leases";
-    FIND_PRUNABLE_JOBS = "find_prunable_jobs";
-    FIND_TOKEN = "find_token";
-    FINISH_ITEMS = "finish_items";
-    FOLD_STRATEGY_RUNNING = "fold_strategy_running";
-    GET_JOB = "get_job";
-    GET_JOBS_STEPS = "get_jobs_steps";
-    HAS_CLAIMABLE_WORK = "has_claimable_work";
-    INSERT_TOKEN = "insert_token";
-    ITEM_CREATION_TIMES = "item_creation_times";
-    INSERT_AGGREGATE_ITEM = "insert_aggregate_item";
-    INSERT_FIRST_STEP_ITEMS = "insert_first_step_items";
-    INSERT_JOB = "insert_job";
-    INSERT_JOB_METADATA = "insert_job_metadata";
-    INSERT_JOB_STEPS = "insert_job_steps";
-    INSERT_NEXT_STEP_ITEMS = "insert_next_step_items";
-    JOB_TENANT = "job_tenant";
-    JOIN_QUERIER = "join_querier";
-    LIST_JOB_ITEMS = "list_job_items";
-    LIST_QUERIERS = "list_queriers";
-    LIST_TENANT_JOBS = "list_tenant_jobs";
-    LIST_TENANTS = "list_tenants";
-    LIST_TOKENS = "list_tokens";
-    LIST_USER_JOBS = "list_user_jobs";
-    LIST_USER_SHARES = "list_user_shares";
-    LIST_USER_WORK = "list_user_work";
-    LOCK_IDLE_TENANT_QUEUES = "lock_idle_tenant_queues";
-    LOCK_JOB_OWNER = "lock_job_owner";
-    LOCK_MEMBERSHIP = "lock_membership";
-    LOCK_PRUNER = "lock_pruner";
-    LOCK_TENANT_LIMIT = "lock_tenant_limit";
-    LOCK_USER = "lock_user";
-    NOTIFY_JOB_FINISHED = "notify_job_finished";
-    NOTIFY_WORK_READY = "notify_work_ready";
-    PLAN_AGGREGATE_ITEM = "plan_aggregate_item";
-    PRUNE_ITEMS = "prune_items";
-    PRUNE_JOBS = "prune_jobs";
-    RECOUNT_TENANT_RUNNING = "recount_tenant_running";
-    REFRESH_JOB_STATUS = "refresh_job_status";
-    REFRESH_METRICS = "refresh_metrics";
-    RESHARD_TENANTS = "reshard_tenants";
-    RETIRE_QUERIERS = "retire_queriers";
-    RETIRE_TENANT_QUEUES = "retire_tenant_queues";
-    REVOKE_TOKEN = "revoke_token";
-    SET_JOB_PAUSED = "set_job_paused";
-    STRATEGY_USAGE = "strategy_usage";
-    SET_JOB_STATUS = "set_job_status";
-    SHUT_DOWN_QUERIER = "shut_down_querier";
-    TOKENS_EXIST = "tokens_exist";
-    TOUCH_QUERIER = "touch_querier";
-    TOUCH_TOKEN = "touch_token";
-    UPSERT_TENANT = "upsert_tenant";
-    VACUUM_FAIR_ORDER = "vacuum_fair_order";
+/// A statement of `sql/`: its text, its parameters, and what one row of its answer is.
+pub trait Statement {
+    /// The file's text, as PostgreSQL prepares it.
+    const SQL: &'static str;
+    /// One row of the answer.
+    type Row: FromRow;
+    /// The parameters, `$1` first.
+    fn params(&self) -> Vec<&(dyn ToSql + Sync)>;
 }
 
+/// A row type that knows its columns: the one place a statement's output is read by name.
+pub trait FromRow: Sized {
+    fn from_row(row: &Row) -> Result<Self, Error>;
+}
+
+/// For statements whose rows, if any, say nothing beyond their number.
+impl FromRow for () {
+    fn from_row(_: &Row) -> Result<Self, Error> {
+        Ok(())
+    }
+}
+
+/// Declares a statement: a struct of its parameters, in the order its file numbers them, and
+/// its [`Statement`] impl.
+macro_rules! statement {
+    (
+        $(#[$meta:meta])*
+        $name:ident $(<$lt:lifetime>)? = $file:literal -> $row:ty {
+            $($(#[$field_meta:meta])* $field:ident: $type:ty),* $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        pub struct $name $(<$lt>)? {
+            $($(#[$field_meta])* pub $field: $type,)*
+        }
+
+        impl $(<$lt>)? $crate::db::sql::Statement for $name $(<$lt>)? {
+            const SQL: &'static str =
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../sql/", $file, ".sql"));
+            type Row = $row;
+            fn params(&self) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)> {
+                vec![$(&self.$field),*]
+            }
+        }
+    };
+}
+pub(crate) use statement;
+
+/// Declares a row type whose fields are named as the statement's columns.
+macro_rules! row {
+    (
+        $(#[$meta:meta])*
+        $name:ident { $($(#[$field_meta:meta])* $field:ident: $type:ty),* $(,)? }
+    ) => {
+        $(#[$meta])*
+        pub struct $name {
+            $($(#[$field_meta])* pub $field: $type,)*
+        }
+
+        impl $crate::db::sql::FromRow for $name {
+            fn from_row(row: &tokio_postgres::Row) -> Result<Self, tokio_postgres::Error> {
+                Ok(Self { $($field: row.try_get(stringify!($field))?,)* })
+            }
+        }
+    };
+}
+pub(crate) use row;
+
+/// Every row of the answer.
+pub async fn fetch_all<S: Statement>(
+    client: &impl GenericClient,
+    statement: &S,
+) -> Result<Vec<S::Row>, Error> {
+    let prepared = client.prepare_cached(S::SQL).await?;
+    decode(&client.query(&prepared, &statement.params()).await?)
+}
+
+/// The answer's row, if it has one; more than one is an error.
+pub async fn fetch_opt<S: Statement>(
+    client: &impl GenericClient,
+    statement: &S,
+) -> Result<Option<S::Row>, Error> {
+    let prepared = client.prepare_cached(S::SQL).await?;
+    client
+        .query_opt(&prepared, &statement.params())
+        .await?
+        .as_ref()
+        .map(S::Row::from_row)
+        .transpose()
+}
+
+/// The answer's one row.
+pub async fn fetch_one<S: Statement>(
+    client: &impl GenericClient,
+    statement: &S,
+) -> Result<S::Row, Error> {
+    let prepared = client.prepare_cached(S::SQL).await?;
+    S::Row::from_row(&client.query_one(&prepared, &statement.params()).await?)
+}
+
+/// Runs the statement for its effect; returns how many rows it touched.
+pub async fn run<S: Statement>(client: &impl GenericClient, statement: &S) -> Result<u64, Error> {
+    let prepared = client.prepare_cached(S::SQL).await?;
+    client.execute(&prepared, &statement.params()).await
+}
+
+/// Positional parameters, for the tools' own statements (`sql/bench/`, `sql/chaos/`), which
+/// are not [`Statement`]s: the broker's statements take their parameter structs.
 pub type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
+/// A tool's statement text, run as a cached prepared statement as the broker runs its own, so
+/// that a baseline pays what the broker pays.
 pub async fn query(
     client: &impl GenericClient,
-    sql: &str,
+    text: &str,
     params: Params<'_>,
 ) -> Result<Vec<Row>, Error> {
-    let statement = client.prepare_cached(sql).await?;
-    client.query(&statement, params).await
+    let prepared = client.prepare_cached(text).await?;
+    client.query(&prepared, params).await
 }
 
-pub async fn query_opt(
-    client: &impl GenericClient,
-    sql: &str,
-    params: Params<'_>,
-) -> Result<Option<Row>, Error> {
-    let statement = client.prepare_cached(sql).await?;
-    client.query_opt(&statement, params).await
-}
-
+/// As [`query`], for a statement that answers one row.
 pub async fn query_one(
     client: &impl GenericClient,
-    sql: &str,
+    text: &str,
     params: Params<'_>,
 ) -> Result<Row, Error> {
-    let statement = client.prepare_cached(sql).await?;
-    client.query_one(&statement, params).await
+    let prepared = client.prepare_cached(text).await?;
+    client.query_one(&prepared, params).await
 }
 
+/// As [`query`], for a statement that answers at most one row.
+pub async fn query_opt(
+    client: &impl GenericClient,
+    text: &str,
+    params: Params<'_>,
+) -> Result<Option<Row>, Error> {
+    let prepared = client.prepare_cached(text).await?;
+    client.query_opt(&prepared, params).await
+}
+
+/// As [`query`], for a statement run for its effect.
 pub async fn execute(
     client: &impl GenericClient,
-    sql: &str,
+    text: &str,
     params: Params<'_>,
 ) -> Result<u64, Error> {
-    let statement = client.prepare_cached(sql).await?;
-    client.execute(&statement, params).await
+    let prepared = client.prepare_cached(text).await?;
+    client.execute(&prepared, params).await
+}
+
+/// Rows already fetched, as `R`.
+pub fn decode<R: FromRow>(rows: &[Row]) -> Result<Vec<R>, Error> {
+    rows.iter().map(R::from_row).collect()
 }
 
 /// A duration as the whole milliseconds statements take it in (bigint), saturating.

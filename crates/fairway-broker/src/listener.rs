@@ -1,3 +1,6 @@
+//! The one LISTEN connection of a broker: it turns the database's notifications of ready work
+//! and finished jobs into wake-ups of the requests this broker holds.
+
 use std::time::Duration;
 
 use futures_util::future;
