@@ -28,6 +28,8 @@ run:
 ## Run every test against a real PostgreSQL: DATABASE_URL if set, else a throwaway cluster.
 ## The tests build with the test-only `fault-injection` feature (forced deadlocks); `make run`,
 ## `make bench` and release builds never do.
+## Then the Python client's tests (clients/python), with that binary's brokers on a PostgreSQL
+## of their own, in a virtualenv under target/.
 test: export FAIRWAY_REQUIRE_TOOLS = 1
 test: $(PYTOOLS_READY) $(KUBECTL)
 	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || \
@@ -38,6 +40,7 @@ else
 	$(CARGO) build --bin fairway
 	$(TEST_TOOLS) ./target/debug/fairway postgres --data-dir $(TEST_PG_DATA) --ephemeral -- $(CARGO) test --workspace --all-targets $(TEST_FEATURES)
 endif
+	FAIRWAY_BIN=target/debug/fairway clients/python/run-tests.sh test
 
 ## Render and validate each overlay in k8s/ (the tests do this too, and check it against the binary).
 k8s-validate: $(PYTOOLS_READY) $(KUBECTL)
@@ -91,11 +94,13 @@ soak:
 	./target/release/fairway chaos --soak --duration $(DURATION) --out target/soak
 
 ## What CI checks besides the tests.
+## For the Python client (clients/python): ruff and mypy, in its virtualenv under target/.
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --workspace --all-targets $(TEST_FEATURES) -- -D warnings
 	$(CARGO) check --tests --features containers
+	clients/python/run-tests.sh lint
 
 ## Fair sharing, shown: a broker on a throwaway cluster, worker pods, and three users arriving
 ## in turn; draws each user's share of the workers in docs/demo/shares.svg (about 40 s).

@@ -1,0 +1,30 @@
+"""fairway's Python client and worker.
+
+Producers use :class:`Client` (or :class:`AsyncClient`); a service's pods run a
+:class:`Worker`. Every refusal of the broker raises :class:`FairwayError`; a handler raises
+:class:`PermanentError` to fail an item for good. ``fairway-harmony`` (the ``harmony`` extra)
+runs Harmony service adapters as workers: see :mod:`fairway_client.harmony`.
+"""
+
+from ._core import FINISHED_STATUSES
+from ._errors import FairwayError, PermanentError
+from .aio import AsyncClient
+from .client import Client
+from .worker import Worker, default_querier
+
+__version__ = "0.1.0"
+
+#: The broker versions this client speaks to (see the README).
+BROKER_VERSIONS = ">=0.1.0,<0.2.0"
+
+__all__ = [
+    "BROKER_VERSIONS",
+    "FINISHED_STATUSES",
+    "AsyncClient",
+    "Client",
+    "FairwayError",
+    "PermanentError",
+    "Worker",
+    "__version__",
+    "default_querier",
+]

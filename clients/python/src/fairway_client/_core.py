@@ -1,0 +1,228 @@
+"""What the synchronous and the asynchronous client share: the requests each method makes, and
+how an answer becomes a document or a :class:`FairwayError`. No I/O here."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Union
+from urllib.parse import quote
+
+import httpx
+
+from ._errors import FairwayError
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+#: Longer than any long poll the broker holds (60 s), so that a wait ends at the broker.
+REQUEST_TIMEOUT = 75.0
+
+#: The most a single ``?wait=`` may ask, in seconds.
+MAX_WAIT = 60
+
+#: A job in one of these has finished: nothing more happens to it.
+FINISHED_STATUSES = frozenset({"successful", "complete_with_errors", "failed", "canceled"})
+
+#: A claim strategy: a leaf's bare name (``"oldest"``) or an expression
+#: (``{"select_only": {...}}``), as the README's "Claim strategies" describes.
+Strategy = Union[str, Mapping[str, Any]]
+
+#: A step: a service's name, or ``{"service": ..., "aggregate": ...}`` as ``POST /jobs`` takes it.
+Step = Union[str, Mapping[str, Any]]
+
+
+def resolve_url(url: str | None) -> str:
+    """The broker's base URL: ``url``, else ``FAIRWAY_URL``, else ``http://127.0.0.1:8080``."""
+    chosen = url or os.environ.get("FAIRWAY_URL") or DEFAULT_URL
+    # Caught here: httpx would take "localhost:8080" for a URL of scheme "localhost" and fail
+    # every request as a transport error, which a worker retries for ever.
+    if not chosen.startswith(("http://", "https://")):
+        raise ValueError(f"the broker's URL must start with http:// or https://, not {chosen!r}")
+    return chosen.rstrip("/")
+
+
+def resolve_token(token: str | None) -> str | None:
+    """The bearer token: ``token``, else ``FAIRWAY_TOKEN``, else none."""
+    return token or os.environ.get("FAIRWAY_TOKEN") or None
+
+
+def headers(token: str | None) -> dict[str, str]:
+    result = {"accept": "application/json", "user-agent": "fairway-client-python"}
+    if token:
+        result["authorization"] = f"Bearer {token}"
+    return result
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request: its method, path, query and JSON body (None: no body)."""
+
+    method: str
+    path: str
+    params: dict[str, str] = field(default_factory=dict)
+    body: Any = None
+    #: Seconds to wait for the answer, when longer than the client's timeout (a long poll).
+    timeout: float | None = None
+
+
+def decode(response: httpx.Response) -> Any:
+    """The JSON document of a successful answer (None for 204), or the broker's error raised."""
+    status = response.status_code
+    if status == 204:
+        return None
+    text = response.text
+    if 200 <= status < 300:
+        try:
+            return json.loads(text) if text else None
+        except ValueError:
+            raise FairwayError(
+                status, "unexpected_answer", f"the broker's answer is not JSON: {text[:200]}"
+            ) from None
+    try:
+        error = json.loads(text)["error"]
+        code, message = str(error["code"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        reason = response.reason_phrase or "error"
+        raise FairwayError(
+            status, "unexpected_answer", f"{reason}: {text[:200]}".rstrip(": ")
+        ) from None
+    raise FairwayError(status, code, message)
+
+
+def transport_error(error: httpx.HTTPError, call: Call) -> FairwayError:
+    detail = str(error) or type(error).__name__
+    return FairwayError(None, "transport", f"{call.method} {call.path}: {detail}")
+
+
+def job_path(job_id: str, suffix: str = "") -> str:
+    return f"/jobs/{quote(str(job_id), safe='')}{suffix}"
+
+
+def querier_shutdown_call(querier: str) -> Call:
+    return Call("POST", f"/queriers/{quote(querier, safe='')}/shutdown")
+
+
+def step_body(step: Step) -> dict[str, Any]:
+    if isinstance(step, str):
+        return {"service": step}
+    return dict(step)
+
+
+def item_bodies(items: Iterable[Any], component: str | None) -> list[dict[str, Any]]:
+    bodies = []
+    for payload in items:
+        body: dict[str, Any] = {"payload": payload}
+        if component is not None:
+            body["component"] = component
+        bodies.append(body)
+    return bodies
+
+
+def submit_call(
+    user: str,
+    steps: Sequence[Step],
+    items: Iterable[Any],
+    *,
+    is_async: bool | None,
+    tenant: str | None,
+    actor: Sequence[str] | None,
+    priority: int | None,
+    metadata: Mapping[str, str | int] | None,
+    component: str | None,
+) -> Call:
+    if isinstance(steps, str):
+        raise TypeError("steps is a list of steps: write steps=[...]")
+    body: dict[str, Any] = {
+        "user": user,
+        "steps": [step_body(step) for step in steps],
+        "items": item_bodies(items, component),
+    }
+    options: dict[str, Any] = {
+        "is_async": is_async,
+        "tenant": tenant,
+        "actor": list(actor) if actor is not None else None,
+        "priority": priority,
+        "metadata": dict(metadata) if metadata is not None else None,
+    }
+    body.update({key: value for key, value in options.items() if value is not None})
+    return Call("POST", "/jobs", body=body)
+
+
+def add_items_call(job_id: str, items: Iterable[Any], component: str | None) -> Call:
+    return Call("POST", job_path(job_id, "/items"), body={"items": item_bodies(items, component)})
+
+
+def wait_call(job_id: str, wait: int) -> Call:
+    return Call("GET", job_path(job_id), {"wait": str(wait)}, timeout=wait + 15.0)
+
+
+def page_params(
+    page_size: int | None, cursor: str | None, **filters: object | None
+) -> dict[str, str]:
+    params = {key: str(value) for key, value in filters.items() if value is not None}
+    if page_size is not None:
+        params["limit"] = str(page_size)
+    if cursor is not None:
+        params["cursor"] = cursor
+    return params
+
+
+def next_cursor(page: Mapping[str, Any]) -> str | None:
+    """The cursor of the next page, or None when this page was the last."""
+    if not page.get("more"):
+        return None
+    cursor = page.get("next_cursor")
+    return str(cursor) if cursor is not None else None
+
+
+def strategy_param(strategy: Strategy) -> str:
+    if isinstance(strategy, str):
+        return strategy
+    return json.dumps(strategy, separators=(",", ":"))
+
+
+def claim_call(
+    service: str,
+    querier: str,
+    *,
+    worker: int,
+    max: int,
+    wait: float,
+    strategy: Strategy | None,
+) -> Call:
+    if wait < 0:
+        raise ValueError("wait must not be negative")
+    seconds = int(min(wait, MAX_WAIT))
+    params = {
+        "service": service,
+        "querier": querier,
+        "worker": str(worker),
+        "max": str(max),
+        "wait": str(seconds),
+    }
+    if strategy is not None:
+        params["strategy"] = strategy_param(strategy)
+    return Call("GET", "/work", params, timeout=seconds + 15.0)
+
+
+def report_call(item_id: int, body: Mapping[str, Any]) -> Call:
+    return Call("POST", f"/work/{item_id}/status", body=dict(body))
+
+
+def successful(
+    attempt: int, results: Sequence[Any], component: str | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"status": "successful", "attempt": attempt, "results": list(results)}
+    if component is not None:
+        body["component"] = component
+    return body
+
+
+def failed(attempt: int, error: str | None, retryable: bool = True) -> dict[str, Any]:
+    return {"status": "failed", "attempt": attempt, "error": error, "retryable": retryable}
+
+
+def running(attempt: int) -> dict[str, Any]:
+    return {"status": "running", "attempt": attempt}

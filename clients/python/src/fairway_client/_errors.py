@@ -1,0 +1,33 @@
+"""The one exception the client raises, and the one a handler raises to fail for good."""
+
+from __future__ import annotations
+
+
+class FairwayError(Exception):
+    """The broker refused a request, or could not be reached.
+
+    ``status`` is the HTTP status (None when no answer came: a transport failure), ``code`` the
+    API's error code (``"transport"`` for a transport failure, ``"unexpected_answer"`` for an
+    answer that is not the documented document), ``message`` what went wrong.
+    """
+
+    def __init__(self, status: int | None, code: str, message: str) -> None:
+        super().__init__(f"{message} ({status or 'no answer'}, {code})")
+        self.status = status
+        self.code = code
+        self.message = message
+
+    @property
+    def is_transient(self) -> bool:
+        """Whether asking again later may succeed: no answer, or the broker or its database was
+        unavailable (a 5xx)."""
+        return self.status is None or self.status >= 500
+
+    def __reduce__(self) -> tuple[type[FairwayError], tuple[int | None, str, str]]:
+        return (type(self), (self.status, self.code, self.message))
+
+
+class PermanentError(Exception):
+    """Raised by a worker's handler: the item fails for good (``retryable: false``), with this
+    exception's text as its error. Any other exception fails the attempt and the broker retries
+    the item, up to its ``--max-retries``."""

@@ -1,0 +1,248 @@
+"""The asynchronous client: :class:`fairway_client.Client`'s methods as coroutines, for asyncio
+programs. The listings (``results``, ``items``, ``jobs``, ...) are async iterators."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from . import _core
+from ._core import Call, Step, Strategy
+
+
+class AsyncClient:
+    """An asyncio client of the broker at ``url``; see :class:`fairway_client.Client`.
+
+    ``async with AsyncClient(...) as client:`` closes its connections at the end.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = _core.REQUEST_TIMEOUT,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.url = _core.resolve_url(url)
+        self._token = _core.resolve_token(token)
+        self._http = http or httpx.AsyncClient(timeout=timeout)
+        self._owns_http = http is None
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({self.url!r})"
+
+    async def _call(self, call: Call) -> Any:
+        kwargs: dict[str, Any] = {"params": call.params, "headers": _core.headers(self._token)}
+        if call.body is not None:
+            kwargs["json"] = call.body
+        if call.timeout is not None:
+            kwargs["timeout"] = call.timeout
+        try:
+            response = await self._http.request(call.method, self.url + call.path, **kwargs)
+        except httpx.HTTPError as error:
+            raise _core.transport_error(error, call) from error
+        return _core.decode(response)
+
+    # Producers.
+
+    async def submit(
+        self,
+        user: str,
+        steps: Sequence[Step],
+        items: Iterable[Any],
+        *,
+        is_async: bool | None = None,
+        tenant: str | None = None,
+        actor: Sequence[str] | None = None,
+        priority: int | None = None,
+        metadata: Mapping[str, str | int] | None = None,
+        component: str | None = None,
+    ) -> str:
+        call = _core.submit_call(
+            user,
+            steps,
+            items,
+            is_async=is_async,
+            tenant=tenant,
+            actor=actor,
+            priority=priority,
+            metadata=metadata,
+            component=component,
+        )
+        return str((await self._call(call))["job_id"])
+
+    async def submit_raw(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._call(Call("POST", "/jobs", body=dict(body)))
+        return answer
+
+    async def add_items(
+        self, job_id: str, items: Iterable[Any], *, component: str | None = None
+    ) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._call(_core.add_items_call(job_id, items, component))
+        return answer
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._call(Call("GET", _core.job_path(job_id)))
+        return answer
+
+    async def wait(self, job_id: str, timeout: float = 600.0) -> dict[str, Any]:
+        """The job once it has finished; raises :class:`TimeoutError` after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            wait = int(min(max(left, 0.0), _core.MAX_WAIT))
+            job: dict[str, Any] = await self._call(_core.wait_call(job_id, wait))
+            if job.get("status") in _core.FINISHED_STATUSES:
+                return job
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(
+                    f"job {job_id} has not finished after {timeout:g} s: {job.get('status')}"
+                )
+            if left < 1:
+                await asyncio.sleep(left)
+
+    async def results_pages(
+        self, job_id: str, *, page_size: int | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        cursor: str | None = None
+        while True:
+            params = _core.page_params(page_size, cursor)
+            page: dict[str, Any] = await self._call(
+                Call("GET", _core.job_path(job_id, "/results"), params)
+            )
+            yield page
+            cursor = _core.next_cursor(page)
+            if cursor is None:
+                return
+
+    async def results(self, job_id: str, *, page_size: int | None = None) -> AsyncIterator[Any]:
+        async for page in self.results_pages(job_id, page_size=page_size):
+            for result in page.get("results", []):
+                yield result
+
+    async def errors(
+        self, job_id: str, *, page_size: int | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        async for page in self.results_pages(job_id, page_size=page_size):
+            for error in page.get("errors", []):
+                yield error
+
+    async def items(
+        self,
+        job_id: str,
+        status: str | None = None,
+        *,
+        step: int | None = None,
+        page_size: int | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        cursor: str | None = None
+        while True:
+            params = _core.page_params(page_size, cursor, status=status, step=step)
+            page = await self._call(Call("GET", _core.job_path(job_id, "/items"), params))
+            for item in page.get("items", []):
+                yield item
+            cursor = _core.next_cursor(page)
+            if cursor is None:
+                return
+
+    async def jobs(
+        self,
+        user: str | None = None,
+        *,
+        tenant: str | None = None,
+        status: str | None = None,
+        page_size: int | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        cursor: str | None = None
+        while True:
+            params = _core.page_params(page_size, cursor, user=user, tenant=tenant, status=status)
+            page = await self._call(Call("GET", "/jobs", params))
+            for job in page.get("jobs", []):
+                yield job
+            cursor = _core.next_cursor(page)
+            if cursor is None:
+                return
+
+    async def pause(self, job_id: str) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._call(Call("POST", _core.job_path(job_id, "/pause")))
+        return answer
+
+    async def resume(self, job_id: str) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._call(Call("POST", _core.job_path(job_id, "/resume")))
+        return answer
+
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._call(Call("POST", _core.job_path(job_id, "/cancel")))
+        return answer
+
+    # Workers.
+
+    async def claim(
+        self,
+        service: str,
+        querier: str,
+        *,
+        worker: int = 0,
+        max: int = 1,
+        wait: float = 0,
+        strategy: Strategy | None = None,
+    ) -> list[dict[str, Any]]:
+        call = _core.claim_call(
+            service, querier, worker=worker, max=max, wait=wait, strategy=strategy
+        )
+        answer = await self._call(call)
+        return list(answer["work_items"]) if answer else []
+
+    async def report(self, item_id: int, body: Mapping[str, Any]) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._call(_core.report_call(item_id, body))
+        return answer
+
+    async def heartbeat(self, item_id: int, attempt: int) -> dict[str, Any]:
+        return await self.report(item_id, _core.running(attempt))
+
+    async def succeed(
+        self,
+        item_id: int,
+        attempt: int,
+        results: Sequence[Any],
+        *,
+        component: str | None = None,
+    ) -> dict[str, Any]:
+        return await self.report(item_id, _core.successful(attempt, results, component))
+
+    async def fail(
+        self, item_id: int, attempt: int, error: str | None, *, retryable: bool = True
+    ) -> dict[str, Any]:
+        return await self.report(item_id, _core.failed(attempt, error, retryable))
+
+    async def shutdown_querier(self, querier: str) -> None:
+        await self._call(_core.querier_shutdown_call(querier))
+
+    async def ready(self) -> bool:
+        try:
+            await self._call(Call("GET", "/readyz"))
+        except Exception:
+            return False
+        return True

@@ -1,0 +1,280 @@
+"""The synchronous client: producers' calls (submit, wait, read back, steer) and the worker
+API underneath :class:`fairway_client.Worker` (claim, report)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from . import _core
+from ._core import Call, Step, Strategy
+
+
+class Client:
+    """A client of the broker at ``url``.
+
+    ``url`` defaults to ``FAIRWAY_URL``, then ``http://127.0.0.1:8080``; ``token`` (sent as a
+    bearer token) to ``FAIRWAY_TOKEN``. Every refusal raises :class:`fairway_client.FairwayError`
+    with the HTTP status, the API's error code and its message; a broker that cannot be reached
+    raises it with ``status`` None. Safe to share between threads; close it (or use it as a
+    context manager) to free its connections.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = _core.REQUEST_TIMEOUT,
+        http: httpx.Client | None = None,
+    ) -> None:
+        self.url = _core.resolve_url(url)
+        self._token = _core.resolve_token(token)
+        self._http = http or httpx.Client(timeout=timeout)
+        self._owns_http = http is None
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({self.url!r})"
+
+    def _call(self, call: Call) -> Any:
+        kwargs: dict[str, Any] = {"params": call.params, "headers": _core.headers(self._token)}
+        if call.body is not None:
+            kwargs["json"] = call.body
+        if call.timeout is not None:
+            kwargs["timeout"] = call.timeout
+        try:
+            response = self._http.request(call.method, self.url + call.path, **kwargs)
+        except httpx.HTTPError as error:
+            raise _core.transport_error(error, call) from error
+        return _core.decode(response)
+
+    # Producers.
+
+    def submit(
+        self,
+        user: str,
+        steps: Sequence[Step],
+        items: Iterable[Any],
+        *,
+        is_async: bool | None = None,
+        tenant: str | None = None,
+        actor: Sequence[str] | None = None,
+        priority: int | None = None,
+        metadata: Mapping[str, str | int] | None = None,
+        component: str | None = None,
+    ) -> str:
+        """Submits a job and returns its id.
+
+        ``steps`` are services' names or ``{"service": ..., "aggregate": True}``; ``items`` are
+        the first step's payloads (any JSON), each made an item (of ``component``, when given).
+        Options left None take the broker's defaults (``is_async`` true, tenant ``default``).
+        """
+        call = _core.submit_call(
+            user,
+            steps,
+            items,
+            is_async=is_async,
+            tenant=tenant,
+            actor=actor,
+            priority=priority,
+            metadata=metadata,
+            component=component,
+        )
+        return str(self._call(call)["job_id"])
+
+    def submit_raw(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Submits a ``POST /jobs`` body as it is; returns the answer, ``{"job_id", "status"}``."""
+        answer: dict[str, Any] = self._call(Call("POST", "/jobs", body=dict(body)))
+        return answer
+
+    def add_items(
+        self, job_id: str, items: Iterable[Any], *, component: str | None = None
+    ) -> dict[str, Any]:
+        """Adds payloads as items of the first step of an unfinished job; returns the job."""
+        answer: dict[str, Any] = self._call(_core.add_items_call(job_id, items, component))
+        return answer
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """The job as ``GET /jobs/{id}`` gives it: status, progress, steps, metadata."""
+        answer: dict[str, Any] = self._call(Call("GET", _core.job_path(job_id)))
+        return answer
+
+    def wait(self, job_id: str, timeout: float = 600.0) -> dict[str, Any]:
+        """The job once it has finished (``successful``, ``complete_with_errors``, ``failed``
+        or ``canceled``), asking with ``?wait=`` as often as needed (60 s at most each time).
+
+        Raises the built-in :class:`TimeoutError` if it has not finished after ``timeout``
+        seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            wait = int(min(max(left, 0.0), _core.MAX_WAIT))
+            job: dict[str, Any] = self._call(_core.wait_call(job_id, wait))
+            if job.get("status") in _core.FINISHED_STATUSES:
+                return job
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(
+                    f"job {job_id} has not finished after {timeout:g} s: {job.get('status')}"
+                )
+            if left < 1:
+                time.sleep(left)
+
+    def results_pages(
+        self, job_id: str, *, page_size: int | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Each page of ``GET /jobs/{id}/results`` in turn (``results``, ``errors``,
+        ``finished``, ...), following the cursor while ``more`` is true."""
+        cursor: str | None = None
+        while True:
+            params = _core.page_params(page_size, cursor)
+            page: dict[str, Any] = self._call(
+                Call("GET", _core.job_path(job_id, "/results"), params)
+            )
+            yield page
+            cursor = _core.next_cursor(page)
+            if cursor is None:
+                return
+
+    def results(self, job_id: str, *, page_size: int | None = None) -> Iterator[Any]:
+        """Every result of the job's last step, in item order, across all pages. While the job
+        runs, the results that exist so far."""
+        for page in self.results_pages(job_id, page_size=page_size):
+            yield from page.get("results", [])
+
+    def errors(self, job_id: str, *, page_size: int | None = None) -> Iterator[dict[str, Any]]:
+        """``{"id", "step", "attempt", "error"}`` of every item that failed for good."""
+        for page in self.results_pages(job_id, page_size=page_size):
+            yield from page.get("errors", [])
+
+    def items(
+        self,
+        job_id: str,
+        status: str | None = None,
+        *,
+        step: int | None = None,
+        page_size: int | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Every item of the job in the order they were made, across all pages, optionally of
+        one ``status`` (``ready``, ``running``, ``successful``, ``failed``, ``canceled``) and
+        one ``step``."""
+        cursor: str | None = None
+        while True:
+            params = _core.page_params(page_size, cursor, status=status, step=step)
+            page = self._call(Call("GET", _core.job_path(job_id, "/items"), params))
+            yield from page.get("items", [])
+            cursor = _core.next_cursor(page)
+            if cursor is None:
+                return
+
+    def jobs(
+        self,
+        user: str | None = None,
+        *,
+        tenant: str | None = None,
+        status: str | None = None,
+        page_size: int | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """A user's jobs (in one tenant, with ``tenant``), or a tenant's, newest first."""
+        cursor: str | None = None
+        while True:
+            params = _core.page_params(page_size, cursor, user=user, tenant=tenant, status=status)
+            page = self._call(Call("GET", "/jobs", params))
+            yield from page.get("jobs", [])
+            cursor = _core.next_cursor(page)
+            if cursor is None:
+                return
+
+    def pause(self, job_id: str) -> dict[str, Any]:
+        """Pauses the job (its running items finish); returns it as it is now."""
+        answer: dict[str, Any] = self._call(Call("POST", _core.job_path(job_id, "/pause")))
+        return answer
+
+    def resume(self, job_id: str) -> dict[str, Any]:
+        answer: dict[str, Any] = self._call(Call("POST", _core.job_path(job_id, "/resume")))
+        return answer
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancels every unfinished item of the job; returns it as it is now."""
+        answer: dict[str, Any] = self._call(Call("POST", _core.job_path(job_id, "/cancel")))
+        return answer
+
+    # Workers.
+
+    def claim(
+        self,
+        service: str,
+        querier: str,
+        *,
+        worker: int = 0,
+        max: int = 1,
+        wait: float = 0,
+        strategy: Strategy | None = None,
+    ) -> list[dict[str, Any]]:
+        """Claims up to ``max`` items of ``service``, waiting up to ``wait`` seconds (at most 60)
+        for work to appear; an empty list when none came."""
+        call = _core.claim_call(
+            service, querier, worker=worker, max=max, wait=wait, strategy=strategy
+        )
+        answer = self._call(call)
+        return list(answer["work_items"]) if answer else []
+
+    def report(self, item_id: int, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Posts a status update (``{"status", "attempt", ...}``); returns ``{"id", "status"}``.
+        Sending the same update again is safe: the broker answers a repeat as it answered the
+        first."""
+        answer: dict[str, Any] = self._call(_core.report_call(item_id, body))
+        return answer
+
+    def heartbeat(self, item_id: int, attempt: int) -> dict[str, Any]:
+        """Extends the lease of the attempt held."""
+        return self.report(item_id, _core.running(attempt))
+
+    def succeed(
+        self,
+        item_id: int,
+        attempt: int,
+        results: Sequence[Any],
+        *,
+        component: str | None = None,
+    ) -> dict[str, Any]:
+        return self.report(item_id, _core.successful(attempt, results, component))
+
+    def fail(
+        self, item_id: int, attempt: int, error: str | None, *, retryable: bool = True
+    ) -> dict[str, Any]:
+        return self.report(item_id, _core.failed(attempt, error, retryable))
+
+    def shutdown_querier(self, querier: str) -> None:
+        """Tells the broker that ``querier`` is leaving: it gets no more work."""
+        self._call(_core.querier_shutdown_call(querier))
+
+    # Probes.
+
+    def ready(self) -> bool:
+        """Whether the broker answers and reaches its database."""
+        try:
+            self._call(Call("GET", "/readyz"))
+        except Exception:
+            return False
+        return True

@@ -1,0 +1,252 @@
+"""The test session's own brokers, on a throwaway PostgreSQL, on loopback.
+
+``fairway postgres --ephemeral`` runs a private PostgreSQL for as long as a small holder
+process lives; each broker is a ``fairway serve`` of its own on a free 127.0.0.1 port, so that
+a test can stop and start one (``Broker.restart``) while the database stays. The binary comes
+from ``FAIRWAY_BIN``, else the repository's ``target/release/fairway``, else
+``target/debug/fairway``. Without one the tests are skipped, unless
+``FAIRWAY_REQUIRE_TOOLS=1`` (``make test``), which makes that a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Callable
+
+import httpx
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+REQUIRE_TOOLS = os.environ.get("FAIRWAY_REQUIRE_TOOLS") == "1"
+START_TIMEOUT = 90.0
+
+
+def fairway_binary() -> Path | None:
+    configured = os.environ.get("FAIRWAY_BIN")
+    if configured:
+        return Path(configured).resolve()
+    for profile in ("release", "debug"):
+        candidate = REPO_ROOT / "target" / profile / "fairway"
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def missing_tool(reason: str) -> None:
+    """Skips the test, or fails it under FAIRWAY_REQUIRE_TOOLS=1."""
+    if REQUIRE_TOOLS:
+        pytest.fail(f"{reason} (FAIRWAY_REQUIRE_TOOLS=1)", pytrace=False)
+    pytest.skip(reason)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def unique(name: str) -> str:
+    """A service or user name no other test uses, so that tests sharing a database never see
+    each other's work."""
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Polls ``condition`` until it holds; fails the test naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class Postgres:
+    """A private PostgreSQL that lives while ``fairway postgres`` runs its holder command."""
+
+    def __init__(self, binary: Path, workdir: Path) -> None:
+        self.workdir = workdir
+        url_file = workdir / "database-url"
+        self.log = workdir / "postgres-wrapper.log"
+        holder = (
+            "import os, sys\n"
+            "open(sys.argv[1], 'w').write(os.environ['DATABASE_URL'])\n"
+            "sys.stdin.read()\n"  # until the test session closes the pipe (or dies)
+        )
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [
+                    str(binary),
+                    "postgres",
+                    "--data-dir",
+                    str(workdir / "pgdata"),
+                    "--ephemeral",
+                    "--",
+                    sys.executable,
+                    "-c",
+                    holder,
+                    str(url_file),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + START_TIMEOUT
+        while not (url_file.exists() and url_file.read_text()):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"fairway postgres did not start:\n{tail(self.log)}", pytrace=False)
+            time.sleep(0.05)
+        self.url = url_file.read_text()
+
+    def stop(self) -> None:
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+
+
+class Broker:
+    """One ``fairway serve`` on a free loopback port; ``restart`` keeps the port."""
+
+    def __init__(self, binary: Path, database_url: str, workdir: Path, *args: str) -> None:
+        self.binary = binary
+        self.database_url = database_url
+        self.args = args
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = workdir / f"broker-{self.port}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        env = dict(os.environ, DATABASE_URL=self.database_url, RUST_LOG="warn")
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    str(self.binary),
+                    "serve",
+                    "--bind",
+                    f"127.0.0.1:{self.port}",
+                    "--shutdown-timeout",
+                    "2s",
+                    *self.args,
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.wait_ready()
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                pytest.fail(
+                    f"fairway serve exited with {self.process.returncode}:\n{tail(self.log)}",
+                    pytrace=False,
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                pytest.fail(f"fairway serve never became ready:\n{tail(self.log)}", pytrace=False)
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@pytest.fixture(scope="session")
+def fairway_bin() -> Path:
+    binary = fairway_binary()
+    if binary is None or not os.access(binary, os.X_OK):
+        missing_tool(
+            f"no fairway binary (FAIRWAY_BIN, or {REPO_ROOT}/target/{{release,debug}}/fairway); "
+            "build it with `cargo build --bin fairway`"
+        )
+    assert binary is not None
+    return binary
+
+
+@pytest.fixture(scope="session")
+def workdir() -> Iterator[Path]:
+    # Readable by the `postgres` user that `fairway postgres` runs the server as, under root.
+    path = Path(tempfile.mkdtemp(prefix="fairway-pyclient-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres(fairway_bin: Path, workdir: Path) -> Iterator[Postgres]:
+    server = Postgres(fairway_bin, workdir)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def broker(fairway_bin: Path, postgres: Postgres, workdir: Path) -> Iterator[Broker]:
+    """A broker with the default lease (5 minutes)."""
+    server = Broker(fairway_bin, postgres.url, workdir)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def short_lease_broker(fairway_bin: Path, postgres: Postgres, workdir: Path) -> Iterator[Broker]:
+    """A broker whose leases last 2 s: an item whose worker stops heartbeating is back soon."""
+    server = Broker(fairway_bin, postgres.url, workdir, "--lease", "2s", "--reap-interval", "500ms")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def broker_factory(
+    fairway_bin: Path, postgres: Postgres, workdir: Path
+) -> Iterator[Callable[..., Broker]]:
+    """Brokers of the test's own, stopped when it ends (for a test that restarts one)."""
+    started: list[Broker] = []
+
+    def start(*args: str) -> Broker:
+        server = Broker(fairway_bin, postgres.url, workdir, *args)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

@@ -1,0 +1,471 @@
+"""The worker side: long polls, heartbeats, reports and their resends, failures, stopping."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+import pytest
+
+from conftest import Broker, unique, wait_until
+from fairway_client import Client, FairwayError, PermanentError, Worker
+from fairway_client.worker import heartbeat_period, parse_timestamp
+
+WORKER_PROCESS = Path(__file__).with_name("worker_process.py")
+
+
+class Running:
+    """Workers run in threads for a test, each stopped and joined at its end."""
+
+    def __init__(self) -> None:
+        self.threads: list[tuple[Worker, threading.Thread]] = []
+        self.errors: list[BaseException] = []
+
+    def start(self, worker: Worker) -> threading.Thread:
+        def run() -> None:
+            try:
+                worker.run()
+            except BaseException as error:
+                self.errors.append(error)
+
+        thread = threading.Thread(target=run, name=f"worker-{worker.service}", daemon=True)
+        thread.start()
+        self.threads.append((worker, thread))
+        return thread
+
+    def stop_all(self) -> None:
+        for worker, _ in self.threads:
+            worker.stop()
+        for _, thread in self.threads:
+            thread.join(timeout=30)
+            assert not thread.is_alive(), "a worker did not stop"
+
+
+@pytest.fixture
+def running() -> Iterator[Running]:
+    workers = Running()
+    yield workers
+    workers.stop_all()
+
+
+def item_of(client: Client, job_id: str, predicate: Callable[[dict[str, Any]], bool]) -> Any:
+    return next(item for item in client.items(job_id) if predicate(item))
+
+
+def count(client: Client, job_id: str, status: str) -> int:
+    return len(list(client.items(job_id, status=status)))
+
+
+def test_two_step_workflow_with_an_aggregating_step(broker: Broker, running: Running) -> None:
+    subsetter, concat = unique("subsetter"), unique("concat")
+
+    def subset(item: dict[str, Any]) -> list[str]:
+        return ["s3://out/" + item["payload"]["granule"] + ".nc"]
+
+    def concatenate(item: dict[str, Any]) -> list[Any]:
+        return ["s3://out/merged.nc", len(item["inputs"])]
+
+    running.start(Worker(broker.url, service=subsetter, handler=subset, concurrency=3, wait=2))
+    running.start(Worker(broker.url, service=concat, handler=concatenate, wait=2))
+    granules = [{"granule": f"G{n}"} for n in range(12)]
+    with Client(broker.url) as client:
+        aggregated = client.submit(
+            user=unique("alice"),
+            steps=[subsetter, {"service": concat, "aggregate": True}],
+            items=granules,
+            is_async=False,
+        )
+        # A one-step job of the same service: its last step has one item per granule, so its
+        # results come a page of five items at a time.
+        single = client.submit(unique("bob"), [subsetter], granules)
+        assert client.wait(aggregated, timeout=60)["status"] == "successful"
+        assert client.wait(single, timeout=60)["status"] == "successful"
+
+        # Two pages: the aggregating item's results fill the first, and the second says so.
+        pages = list(client.results_pages(aggregated, page_size=1))
+        assert [page["results"] for page in pages] == [["s3://out/merged.nc", 12], []]
+        assert list(client.results(aggregated, page_size=1)) == ["s3://out/merged.nc", 12]
+        items = list(client.items(aggregated, page_size=5))
+        assert len(items) == 13
+        aggregate = items[-1]
+        assert aggregate["step"] == 1
+        assert aggregate["inputs"] == [f"s3://out/G{n}.nc" for n in range(12)]
+
+        pages = list(client.results_pages(single, page_size=5))
+        assert [len(page["results"]) for page in pages] == [5, 5, 2]
+        assert list(client.results(single, page_size=5)) == [f"s3://out/G{n}.nc" for n in range(12)]
+    assert running.errors == []
+
+
+def test_a_failed_attempt_is_retried_then_succeeds(broker: Broker, running: Running) -> None:
+    service = unique("flaky")
+
+    def flaky(item: dict[str, Any]) -> list[str]:
+        if item["attempt"] == 1:
+            raise RuntimeError("the archive timed out")
+        return [f"done on attempt {item['attempt']}"]
+
+    running.start(Worker(broker.url, service=service, handler=flaky, wait=2))
+    with Client(broker.url) as client:
+        job_id = client.submit(unique("carol"), [service], ["G1"])
+        assert client.wait(job_id, timeout=30)["status"] == "successful"
+        (item,) = client.items(job_id)
+        assert item["attempt"] == 2
+        assert item["results"] == ["done on attempt 2"]
+
+
+def test_permanent_error_and_bad_results_fail_the_item_for_good(
+    broker: Broker, running: Running
+) -> None:
+    service = unique("strict")
+
+    def strict(item: dict[str, Any]) -> Any:
+        if item["payload"] == "missing":
+            raise PermanentError("granule missing not found")
+        if item["payload"] == "nan":
+            return [float("nan")]
+        if item["payload"] == "huge":
+            return ["x" * (9 << 20)]  # over the broker's --max-body-bytes (8 MiB)
+        return "not a list"
+
+    running.start(Worker(broker.url, service=service, handler=strict, wait=2))
+    with Client(broker.url) as client:
+        job_id = client.submit(unique("dave"), [service], ["missing", "odd", "nan", "huge"])
+        assert client.wait(job_id, timeout=30)["status"] == "failed"
+        items = {item["payload"]: item for item in client.items(job_id)}
+        assert all(item["attempt"] == 1 for item in items.values())
+        assert items["missing"]["error"] == "granule missing not found"
+        assert "not a list" in items["odd"]["error"]
+        assert "not JSON" in items["nan"]["error"]
+        assert items["huge"]["error"].startswith("the broker refused the results")
+
+
+def test_async_handler_and_strategy(broker: Broker, running: Running) -> None:
+    service = unique("render")
+
+    async def render(item: dict[str, Any]) -> list[Any]:
+        await asyncio.sleep(0.01)
+        return [item["payload"] * 2]
+
+    preview = {"select_only": {"key": "mode", "value": "preview", "then": "oldest"}}
+    running.start(
+        Worker(broker.url, service=service, handler=render, wait=2, strategy=preview, concurrency=2)
+    )
+    with Client(broker.url) as client:
+        full = client.submit(unique("erin"), [service], [1], metadata={"mode": "full"})
+        quick = client.submit(unique("erin"), [service], [2, 3], metadata={"mode": "preview"})
+        assert client.wait(quick, timeout=30)["status"] == "successful"
+        assert list(client.results(quick)) == [4, 6]
+        assert client.job(full)["status"] != "successful"
+        assert count(client, full, "ready") == 1
+        client.cancel(full)
+
+
+def test_a_refused_strategy_ends_run_with_the_error(broker: Broker) -> None:
+    worker = Worker(
+        broker.url, service=unique("s"), handler=lambda item: [], strategy="no-such-strategy"
+    )
+    with pytest.raises(FairwayError) as refused:
+        worker.run()
+    assert refused.value.status == 400
+    assert refused.value.code == "invalid_strategy"
+
+
+def test_heartbeats_keep_the_lease_past_its_length(
+    short_lease_broker: Broker, running: Running
+) -> None:
+    service = unique("slow")
+
+    def slow(item: dict[str, Any]) -> list[str]:
+        time.sleep(5)  # two and a half leases of 2 s
+        return ["slow but steady"]
+
+    running.start(Worker(short_lease_broker.url, service=service, handler=slow, wait=2))
+    with Client(short_lease_broker.url) as client:
+        job_id = client.submit(unique("frank"), [service], ["G1"])
+        assert client.wait(job_id, timeout=30)["status"] == "successful"
+        (item,) = client.items(job_id)
+        assert item["attempt"] == 1, "the lease expired and the item was tried again"
+        assert item["results"] == ["slow but steady"]
+
+
+def test_a_canceled_item_is_given_up_and_its_coroutine_cancelled(
+    short_lease_broker: Broker, running: Running
+) -> None:
+    service = unique("canceled")
+    started, cancelled = threading.Event(), threading.Event()
+
+    async def endless(item: dict[str, Any]) -> list[str]:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return []
+
+    running.start(Worker(short_lease_broker.url, service=service, handler=endless, wait=2))
+    with Client(short_lease_broker.url) as client:
+        job_id = client.submit(unique("gina"), [service], ["G1"])
+        assert started.wait(30)
+        client.cancel(job_id)
+        # The next heartbeat (every second under a 2 s lease) is refused: the worker gives up.
+        assert cancelled.wait(10)
+
+
+def test_a_killed_workers_items_are_finished_by_another_after_the_lease(
+    short_lease_broker: Broker, running: Running
+) -> None:
+    service = unique("fragile")
+    url = short_lease_broker.url
+    with Client(url) as client:
+        job_id = client.submit(unique("hank"), [service], ["A", "B", "C"])
+        doomed = subprocess.Popen(
+            [sys.executable, str(WORKER_PROCESS), url, service, "2", "600"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_until(lambda: count(client, job_id, "running") == 2, 30, "two items held")
+        finally:
+            doomed.send_signal(signal.SIGKILL)
+            doomed.wait()
+        held = {item["id"] for item in client.items(job_id, status="running")}
+
+        running.start(Worker(url, service=service, handler=lambda item: [item["payload"]]))
+        assert client.wait(job_id, timeout=30)["status"] == "successful"
+        items = list(client.items(job_id))
+        assert sorted(item["results"][0] for item in items) == ["A", "B", "C"]
+        for item in items:
+            assert item["attempt"] == (2 if item["id"] in held else 1)
+
+
+def test_stop_finishes_held_items_and_claims_nothing_new(broker: Broker) -> None:
+    service = unique("stoppable")
+    release = threading.Event()
+
+    def blocked(item: dict[str, Any]) -> list[Any]:
+        assert release.wait(30)
+        return [item["payload"]]
+
+    worker = Worker(broker.url, service=service, handler=blocked, concurrency=2, wait=2)
+    workers = Running()
+    thread = workers.start(worker)
+    with Client(broker.url) as client:
+        job_id = client.submit(unique("iris"), [service], [1, 2, 3, 4])
+        wait_until(lambda: count(client, job_id, "running") == 2, 30, "two items held")
+        worker.stop()
+        thread.join(timeout=0.5)
+        assert thread.is_alive(), "run() returned while its items were still being worked"
+        release.set()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        assert workers.errors == []
+        items = list(client.items(job_id))
+        assert sorted(item["status"] for item in items) == [
+            "ready",
+            "ready",
+            "successful",
+            "successful",
+        ]
+        for item in items:
+            if item["status"] == "ready":
+                assert item["attempt"] == 0, "an item was claimed after stop()"
+
+
+def test_stop_while_waiting_for_work_returns_at_once(broker: Broker) -> None:
+    service = unique("idle")
+    worker = Worker(broker.url, service=service, handler=lambda item: [], wait=30)
+    workers = Running()
+    thread = workers.start(worker)
+
+    def waiting() -> bool:
+        answer = httpx.get(f"{broker.url}/admin/waiting-workers").json()
+        return service in str(answer)
+
+    wait_until(waiting, 30, "the worker's long poll")
+    stopped_at = time.monotonic()
+    worker.stop()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert time.monotonic() - stopped_at < 3
+    assert workers.errors == []
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_finishes_the_held_item_and_exits(
+    broker: Broker, signal_number: signal.Signals
+) -> None:
+    service = unique("terminated")
+    with Client(broker.url) as client:
+        job_id = client.submit(unique("jack"), [service], ["first", "second"])
+        process = subprocess.Popen(
+            [sys.executable, str(WORKER_PROCESS), broker.url, service, "1", "1.5"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            wait_until(lambda: count(client, job_id, "running") == 1, 30, "an item held")
+            process.send_signal(signal_number)
+            _, stderr = process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        assert process.returncode == 0, stderr.decode()
+        statuses = sorted((item["status"], item["attempt"]) for item in client.items(job_id))
+        assert statuses == [("ready", 0), ("successful", 1)]
+        assert b"stopping" in stderr
+
+
+class Resends(logging.Handler):
+    """Notices the worker's log line for a report sent again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "sending it again" in record.getMessage():
+            self.seen.set()
+
+
+@pytest.fixture
+def resends() -> Iterator[Resends]:
+    handler = Resends()
+    logger = logging.getLogger("fairway_client.worker")
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+
+
+def test_report_is_resent_after_a_broker_restart(
+    broker_factory: Callable[..., Broker], resends: Resends, running: Running
+) -> None:
+    broker = broker_factory()
+    service = unique("restarted")
+
+    def handle(item: dict[str, Any]) -> list[str]:
+        broker.stop()  # the broker goes away between the handler's end and its report
+        return ["made it"]
+
+    running.start(Worker(broker.url, service=service, handler=handle, wait=2))
+    with Client(broker.url) as client:
+        job_id = client.submit(unique("kate"), [service], ["G1"])
+        assert resends.seen.wait(30), "the report was never sent again"
+        broker.start()
+        assert client.wait(job_id, timeout=30)["status"] == "successful"
+        (item,) = client.items(job_id)
+        assert (item["attempt"], item["results"]) == (1, ["made it"])
+
+
+class LosingProxy:
+    """An HTTP proxy to a broker that loses the answer to the first successful report: it
+    forwards it, restarts the broker, and closes the worker's connection without answering.
+    Every report and its answer are recorded."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.reports: list[tuple[str, bytes, int, bytes]] = []
+        self.lost = False
+        proxy = self
+
+        class Forward(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.forward()
+
+            def do_POST(self) -> None:
+                self.forward()
+
+            def forward(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length) if length else b""
+                headers = {"content-type": self.headers.get("content-type") or "application/json"}
+                try:
+                    answer = httpx.request(
+                        self.command,
+                        proxy.broker.url + self.path,
+                        content=body,
+                        headers=headers,
+                        timeout=90,
+                    )
+                except httpx.HTTPError:
+                    self.close_connection = True
+                    return
+                if self.path.endswith("/status") and b'"successful"' in body:
+                    proxy.reports.append((self.path, body, answer.status_code, answer.content))
+                    if not proxy.lost:
+                        proxy.lost = True
+                        proxy.broker.restart()
+                        self.close_connection = True
+                        return  # the answer is lost
+                self.send_response(answer.status_code)
+                if answer.status_code != 204:
+                    self.send_header("content-type", answer.headers.get("content-type", ""))
+                    self.send_header("content-length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_report_whose_answer_was_lost_is_resent_and_answered_the_same(
+    broker_factory: Callable[..., Broker], running: Running
+) -> None:
+    broker = broker_factory()
+    proxy = LosingProxy(broker)
+    service = unique("lossy")
+    try:
+        running.start(Worker(proxy.url, service=service, handler=lambda item: ["R1"], wait=2))
+        with Client(broker.url) as client:
+            job_id = client.submit(unique("liam"), [service], ["G1"])
+            assert client.wait(job_id, timeout=30)["status"] == "successful"
+            (item,) = client.items(job_id)
+            assert (item["attempt"], item["results"]) == (1, ["R1"])
+        wait_until(lambda: len(proxy.reports) >= 2, 10, "the resent report")
+        (first, second) = proxy.reports[:2]
+        assert first[:2] == second[:2], "the resend is not the same report"
+        assert first[2] == second[2] == 200, "the resend was refused"
+        assert json.loads(first[3]) == json.loads(second[3])
+    finally:
+        running.stop_all()
+        proxy.close()
+
+
+def test_default_querier_is_host_and_pid() -> None:
+    worker = Worker("http://127.0.0.1:1", service="s", handler=lambda item: [])
+    assert worker.querier.endswith(f"-{os.getpid()}")
+    assert len(worker.querier) > len(str(os.getpid())) + 1
+
+
+def test_heartbeat_period_is_half_the_lease() -> None:
+    assert parse_timestamp("2030-01-01T00:00:00.123456789Z") is not None
+    assert parse_timestamp("not a time") is None
+    soon = time.time() + 10
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(soon)) + ".5Z"
+    assert 4.0 < heartbeat_period(stamp) <= 5.3
+    assert heartbeat_period(None) == 10.0
