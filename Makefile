@@ -30,8 +30,9 @@ run:
 ## `make bench` and release builds never do.
 test: export FAIRWAY_REQUIRE_TOOLS = 1
 test: $(PYTOOLS_READY) $(KUBECTL)
-	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || \
-		echo "NOTE: no /usr/bin/chromium or /usr/bin/chromedriver: the dashboard's browser tests will be skipped"
+	@for tool in /usr/bin/chromium /usr/bin/chromedriver; do test -x $$tool || echo \
+		"NOTE: $$tool is missing, so the dashboard's browser tests will fail (Debian: apt-get install chromium chromium-driver)"; \
+	done
 ifdef DATABASE_URL
 	$(TEST_TOOLS) $(CARGO) test --workspace --all-targets $(TEST_FEATURES)
 else

@@ -2,7 +2,8 @@
 //! live broker with seeded work: what each page shows equals what the API says. A screenshot of
 //! each page goes to `target/ui-screenshots/`.
 //!
-//! Without Chromium and chromedriver on the machine these tests say that they skipped.
+//! Without Chromium or chromedriver on the machine these tests are reported as ignored (see
+//! build.rs), or fail when `FAIRWAY_REQUIRE_TOOLS` is set, as `make test` sets it.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -24,12 +25,15 @@ struct Browser {
 }
 
 impl Browser {
-    /// None, after saying so, when the machine has no Chromium.
-    async fn start() -> Option<Self> {
-        if !Path::new(CHROMIUM).exists() || !Path::new(CHROMEDRIVER).exists() {
-            eprintln!("skipped: the browser tests need {CHROMIUM} and {CHROMEDRIVER}");
-            return None;
-        }
+    /// Starts the browser; a test not ignored for lack of one fails when it is missing.
+    async fn start() -> Self {
+        let missing: Vec<&str> =
+            [CHROMIUM, CHROMEDRIVER].into_iter().filter(|path| !Path::new(path).exists()).collect();
+        assert!(
+            missing.is_empty(),
+            "the browser tests need {} (Debian: apt-get install chromium chromium-driver)",
+            missing.join(" and ")
+        );
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .expect("a free port")
@@ -66,7 +70,7 @@ impl Browser {
                 }
             }
         };
-        Some(Self { client, _driver: driver })
+        Self { client, _driver: driver }
     }
 
     /// Opens a page of the dashboard and waits until it has drawn itself from the API.
@@ -108,8 +112,9 @@ impl Browser {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(fairway_no_browser, ignore = "needs /usr/bin/chromium and /usr/bin/chromedriver")]
 async fn the_tenants_page_shows_the_apis_tenants_and_queriers() {
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     let app = spawn_app().await;
     app.http
         .put(app.url("/admin/tenants/acme"))
@@ -136,8 +141,9 @@ async fn the_tenants_page_shows_the_apis_tenants_and_queriers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(fairway_no_browser, ignore = "needs /usr/bin/chromium and /usr/bin/chromedriver")]
 async fn the_users_page_shows_the_user_work_rows_and_filters_them() {
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     let app = spawn_app().await;
     app.submit_simple("alice", "subsetter", 3, false).await;
     app.submit_simple("bob", "subsetter", 2, true).await;
@@ -188,8 +194,9 @@ async fn the_users_page_shows_the_user_work_rows_and_filters_them() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(fairway_no_browser, ignore = "needs /usr/bin/chromium and /usr/bin/chromedriver")]
 async fn the_fair_share_chart_draws_one_series_per_active_user() {
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     let app = spawn_app().await;
     for user in ["alice", "bob", "carol"] {
         app.submit_simple(user, "svc", 4, true).await;
@@ -238,8 +245,9 @@ async fn the_fair_share_chart_draws_one_series_per_active_user() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(fairway_no_browser, ignore = "needs /usr/bin/chromium and /usr/bin/chromedriver")]
 async fn the_jobs_page_finds_a_users_job_shows_it_and_pauses_it() {
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     let app = spawn_app().await;
     let job = app.submit_simple("dora", "svc", 3, true).await;
     app.claim("svc").await.expect("an item");
@@ -310,8 +318,9 @@ async fn the_jobs_page_finds_a_users_job_shows_it_and_pauses_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(fairway_no_browser, ignore = "needs /usr/bin/chromium and /usr/bin/chromedriver")]
 async fn the_overview_shows_each_services_queue_as_the_api_does() {
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     let app = spawn_app().await;
     app.submit_simple("alice", "subsetter", 5, true).await;
     app.submit_simple("bob", "concat", 2, true).await;
@@ -343,8 +352,9 @@ async fn the_overview_shows_each_services_queue_as_the_api_does() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(fairway_no_browser, ignore = "needs /usr/bin/chromium and /usr/bin/chromedriver")]
 async fn with_auth_on_the_dashboard_asks_for_a_token_and_keeps_it_for_the_session_only() {
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     let app = spawn_app_with_auth().await;
     app.http
         .put(app.url("/admin/tenants/acme"))
