@@ -389,3 +389,15 @@ async fn output_that_is_not_a_json_array_is_quoted_in_the_error() {
         .get(0);
     assert!(error.contains("began \"converted 3 granules"), "{error}");
 }
+
+#[tokio::test]
+async fn a_worker_exits_when_its_querier_was_shut_down() {
+    let app = spawn_app().await;
+    assert!(app.claim_with("service=svc&querier=bq").await.is_empty(), "bq joins");
+    let response = app.post("/queriers/bq/shutdown", &json!({})).await;
+    assert_eq!(response.status(), reqwest::StatusCode::ACCEPTED);
+    let output = exited(worker_logging(&app, "svc", "bq", &["cat"])).await;
+    assert!(!output.status.success(), "a worker with nothing to do is not a success");
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("shut querier bq down"), "{said}");
+}

@@ -217,10 +217,15 @@ async fn post_status(
     Ok(HttpResponse::Ok().json(StatusAnswer { id, status }))
 }
 
-/// A querier going away: it gets no more work, and leaves its shards once its leases end.
+/// A querier going away: it gets no more work, and leaves its shards once its leases end. Once
+/// it holds no lease and has not been heard for the forget delay (its 410s do not count), it is
+/// forgotten, and a pod that kept its name across a restart joins afresh.
 #[utoipa::path(post, path = "/queriers/{querier}/shutdown", tag = "workers",
     params(("querier" = String, Path, description = "The querier")),
-    responses((status = 202, description = "It gets 410 from now on.", body = ShutdownAnswer)),
+    responses(
+        (status = 202, description = "It gets 410 until it holds no lease and has not been heard for the forget delay; then it is forgotten and may join again.", body = ShutdownAnswer),
+        (status = 404, description = "No such querier: it never asked for work, or was forgotten.", body = ErrorBody),
+    ),
 )]
 async fn shut_down(
     broker: web::Data<Broker>,
