@@ -77,7 +77,7 @@ fn out_of_range(name: &str, low: u32, high: u32) -> ApiError {
 async fn get_work(
     broker: web::Data<Broker>,
     Caller(principal): Caller,
-    query: web::Query<WorkQuery>,
+    query: crate::query::Query<WorkQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let query = query.into_inner();
     if query.worker > MAX_WORKER_SLOT {
