@@ -181,7 +181,13 @@ impl World {
                 (format!("/work/{}/status", item["id"]), body)
             }
             ("POST", "/queriers/{querier}/shutdown") => {
-                (format!("/queriers/leaving-{}/shutdown", role_name(who)), nothing)
+                // A querier is known once it asked for work; an unknown one is not found.
+                let querier = format!("leaving-{}", role_name(who));
+                let path = format!("/work?service=svc-none&querier={querier}");
+                let response = self.send(Some(ADMIN_TOKEN), "GET", &path, None).await;
+                let status = response.status();
+                assert!(status.is_success() || status == StatusCode::GONE, "{querier}: {status}");
+                (format!("/queriers/{querier}/shutdown"), nothing)
             }
             ("GET", "/admin/user-work") => ("/admin/user-work".into(), nothing),
             ("GET", "/admin/shares") => ("/admin/shares?service=svc-a".into(), nothing),

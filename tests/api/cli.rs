@@ -401,3 +401,28 @@ async fn a_worker_exits_when_its_querier_was_shut_down() {
     let said = String::from_utf8_lossy(&output.stderr);
     assert!(said.contains("shut querier bq down"), "{said}");
 }
+
+#[tokio::test]
+async fn serve_on_a_taken_port_says_so_before_touching_the_database() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let address = taken.local_addr().expect("its address").to_string();
+    // No database answers here: had the broker gone to it first, that is what it would report.
+    let output = Command::new(env!("CARGO_BIN_EXE_fairway"))
+        .args(["serve", "--bind", &address])
+        .env("DATABASE_URL", "postgres://fairway@127.0.0.1:1/fairway")
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(20), output)
+        .await
+        .expect("serve gives up at once")
+        .expect("run fairway serve");
+    assert!(!output.status.success());
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let first = said.lines().next().unwrap_or_default();
+    assert!(first.contains(&format!("cannot listen on {address}")), "first line: {first}\n{said}");
+    assert!(first.contains("FAIRWAY_BIND") && first.contains("--bind"), "{first}");
+}

@@ -157,15 +157,15 @@ pub async fn observe(
             response.response_mut().head_mut().set_connection_type(ConnectionType::Close);
         }
     }
-    tracing::info!(
-        request_id,
-        method,
-        route,
-        path,
-        status,
-        duration_ms = took.as_secs_f64() * 1000.0,
-        "request"
-    );
+    // Every request is counted in fairway_http_requests_total; a line for each would bury
+    // the log, so only a server error is logged by default (RUST_LOG=fairway_server=debug logs
+    // them all).
+    let duration_ms = took.as_secs_f64() * 1000.0;
+    if status >= 500 {
+        tracing::warn!(request_id, method, route, path, status, duration_ms, "request");
+    } else {
+        tracing::debug!(request_id, method, route, path, status, duration_ms, "request");
+    }
     Ok(response)
 }
 
