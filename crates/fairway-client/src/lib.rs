@@ -64,6 +64,17 @@ pub struct ClaimParams<'a> {
     pub wait: Duration,
 }
 
+/// The header on an empty claim's answer when no job has named the service.
+const UNKNOWN_SERVICE: &str = "fairway-unknown-service";
+
+/// What a claim got.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub items: Vec<WorkItem>,
+    /// No item, and no job has named the service: possibly a typo, possibly early.
+    pub unknown_service: bool,
+}
+
 /// A worker's report on the attempt it holds.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
@@ -233,6 +244,11 @@ impl Client {
 
     /// Claims work; an empty answer means none came within the wait.
     pub async fn claim(&self, params: &ClaimParams<'_>) -> Result<Vec<WorkItem>, ClientError> {
+        Ok(self.claim_answer(params).await?.items)
+    }
+
+    /// Claims work, and says whether the broker knows the service at all.
+    pub async fn claim_answer(&self, params: &ClaimParams<'_>) -> Result<Claimed, ClientError> {
         let query = [
             ("service", params.service.to_owned()),
             ("querier", params.querier.to_owned()),
@@ -242,9 +258,11 @@ impl Client {
         ];
         let response = self.request(Method::GET, "/work").query(&query).send().await?;
         if response.status() == StatusCode::NO_CONTENT {
-            return Ok(Vec::new());
+            let unknown_service = response.headers().contains_key(UNKNOWN_SERVICE);
+            return Ok(Claimed { items: Vec::new(), unknown_service });
         }
-        Ok(decode::<WorkItems>(response).await?.work_items)
+        let items = decode::<WorkItems>(response).await?.work_items;
+        Ok(Claimed { items, unknown_service: false })
     }
 
     pub async fn report(&self, item: i64, report: &Report) -> Result<ReportAnswer, ClientError> {

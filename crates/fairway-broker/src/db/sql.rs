@@ -81,6 +81,7 @@ statements! {
     SET_JOB_PAUSED = "set_job_paused";
     STRATEGY_USAGE = "strategy_usage";
     SET_JOB_STATUS = "set_job_status";
+    SERVICE_IS_NAMED = "service_is_named";
     SHUT_DOWN_QUERIER = "shut_down_querier";
     TOKENS_EXIST = "tokens_exist";
     TOUCH_QUERIER = "touch_querier";

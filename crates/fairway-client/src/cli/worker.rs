@@ -8,7 +8,7 @@
 //! the broker says its querier was shut down (410).
 
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -49,6 +49,8 @@ struct Shared {
     stop: CancellationToken,
     fatal: OnceLock<String>,
     failures_in_a_row: AtomicU32,
+    /// Whether the worker said that no job has named its service.
+    warned_unknown_service: AtomicBool,
 }
 
 impl Shared {
@@ -77,6 +79,7 @@ pub async fn run(args: WorkerArgs) -> Result<(), CliError> {
         stop: CancellationToken::new(),
         fatal: OnceLock::new(),
         failures_in_a_row: AtomicU32::new(0),
+        warned_unknown_service: AtomicBool::new(false),
     });
     tokio::spawn(stop_on_signal(shared.stop.clone()));
     let slots: Vec<_> = (0..args.concurrency)
@@ -133,11 +136,20 @@ async fn work_slot(client: Client, args: WorkerArgs, slot: u32, shared: Arc<Shar
         }
         let claimed = tokio::select! {
             _ = stop.cancelled() => break,
-            claimed = client.claim(&params) => claimed,
+            claimed = client.claim_answer(&params) => claimed,
         };
         match claimed {
-            Ok(items) => {
-                for item in items {
+            Ok(claimed) => {
+                if claimed.unknown_service
+                    && !shared.warned_unknown_service.swap(true, Ordering::Relaxed)
+                {
+                    tracing::warn!(
+                        service = args.service,
+                        "the broker says no job has named this service: check its name; \
+                         waiting for work all the same"
+                    );
+                }
+                for item in claimed.items {
                     work(&client, &args, item, &shared).await;
                 }
             }
