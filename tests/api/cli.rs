@@ -426,3 +426,25 @@ async fn serve_on_a_taken_port_says_so_before_touching_the_database() {
     assert!(first.contains(&format!("cannot listen on {address}")), "first line: {first}\n{said}");
     assert!(first.contains("FAIRWAY_BIND") && first.contains("--bind"), "{first}");
 }
+
+#[tokio::test]
+async fn admin_json_prints_the_apis_error_and_transport_errors_say_what_to_check() {
+    let app = spawn_app().await;
+    let unknown = Uuid::new_v4().to_string();
+    let output = run(&app, &["admin", "--json", "jobs", "show", &unknown]).await;
+    assert!(!output.status.success());
+    let printed: Value = serde_json::from_slice(&output.stdout).expect("the API's JSON error");
+    assert_eq!(printed["error"]["code"], "job_not_found", "{printed}");
+
+    // Nothing listens on a port just bound and closed.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let url = format!("http://{}", closed.local_addr().expect("address"));
+    drop(closed);
+    let output = fairway(&app).args(["admin", "--url", &url, "services"]).output().await;
+    let said = String::from_utf8_lossy(&output.expect("run fairway").stderr).into_owned();
+    assert!(said.contains(&format!("connection refused: is a broker running at {url}?")), "{said}");
+
+    let output = fairway(&app).args(["admin", "--url", "localhost:8080", "services"]).output();
+    let said = String::from_utf8_lossy(&output.await.expect("run fairway").stderr).into_owned();
+    assert!(said.contains("not an http:// or https:// URL"), "{said}");
+}

@@ -26,11 +26,40 @@ pub enum ClientError {
     #[error("{message} ({status}, {code})")]
     Api { status: StatusCode, code: String, message: String },
     /// The broker could not be reached, or its answer could not be read.
-    #[error("{0}")]
+    #[error("{}", transport_message(.0))]
     Transport(#[from] reqwest::Error),
     /// The broker answered something that is not the documented document.
     #[error("unexpected answer from the broker ({status}): {body}")]
     Unexpected { status: StatusCode, body: String },
+}
+
+/// A transport error in words that say what to check: reqwest's own ("error sending request
+/// for url (…)") hide the cause in its source chain.
+fn transport_message(error: &reqwest::Error) -> String {
+    let url = error.url().map(|url| {
+        let mut base = url.clone();
+        base.set_path("");
+        base.set_query(None);
+        base.as_str().trim_end_matches('/').to_owned()
+    });
+    let url = url.as_deref().unwrap_or("the broker's URL");
+    let mut causes = Vec::new();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        causes.push(cause.to_string());
+        source = cause.source();
+    }
+    let innermost = causes.last().cloned().unwrap_or_default();
+    if error.is_connect() && innermost.contains("Connection refused") {
+        return format!("connection refused: is a broker running at {url}? (--url, FAIRWAY_URL)");
+    }
+    if error.is_connect() {
+        return format!("cannot connect to {url}: {innermost} (--url, FAIRWAY_URL)");
+    }
+    if error.is_timeout() {
+        return format!("no answer from {url} within {}s", REQUEST_TIMEOUT.as_secs());
+    }
+    std::iter::once(error.to_string()).chain(causes).collect::<Vec<_>>().join(": ")
 }
 
 impl ClientError {
