@@ -99,10 +99,12 @@ lint:
 	$(CARGO) check --tests --features containers
 
 ## Fair sharing, shown: a broker on a throwaway cluster, worker pods, and three users arriving
-## in turn; draws each user's share of the workers in docs/demo/shares.svg (about 40 s).
+## in turn; draws each user's share of the workers in $(DEMO_OUT) (about 40 s).
+## `make demo DEMO_OUT=docs/demo/shares.svg` refreshes the chart the docs show.
+DEMO_OUT ?= target/demo/shares.svg
 demo:
 	$(CARGO) build --release --bin fairway
 	./target/release/fairway postgres --data-dir target/demo-postgres --ephemeral -- sh -c '\
 		./target/release/fairway serve --bind 127.0.0.1:8091 & broker=$$!; \
-		./target/release/fairway demo --url http://127.0.0.1:8091; status=$$?; \
+		./target/release/fairway demo --url http://127.0.0.1:8091 --out $(DEMO_OUT); status=$$?; \
 		kill $$broker; wait $$broker; exit $$status'
