@@ -134,6 +134,8 @@ async fn the_tenants_page_shows_the_apis_tenants_and_queriers() {
     let acme = shown.iter().find(|row| row[0] == "acme").expect("acme is listed");
     assert_eq!(acme[1..4], ["1", "500", "1"], "limits and waiting items: {shown:?}");
     assert_eq!(acme[4], "every querier", "one querier: the shard is all of them");
+    let default = shown.iter().find(|row| row[0] == "default").expect("default is listed");
+    assert_eq!(default[1..3], ["all", "unlimited"], "0 means no limit: {shown:?}");
     let queriers = browser.table("#querier-list").await;
     assert_eq!(queriers[0][..3], ["pod-a", "active", "1"], "{queriers:?}");
     browser.screenshot("tenants").await;
@@ -253,6 +255,8 @@ async fn the_jobs_page_finds_a_users_job_shows_it_and_pauses_it() {
     app.claim("svc").await.expect("an item");
 
     browser.open(&app, "jobs").await;
+    let recent = browser.table("#job-list").await;
+    assert_eq!(recent.first().map(|row| row[0].clone()), Some(job.to_string()), "recent jobs");
     let find = |selector: &'static str| browser.client.find(Locator::Css(selector));
     find("#job-find input[name=user]")
         .await
@@ -261,6 +265,14 @@ async fn the_jobs_page_finds_a_users_job_shows_it_and_pauses_it() {
         .await
         .expect("type");
     find("#job-find button").await.expect("find button").click().await.expect("find");
+    // The list of recent jobs already holds the job: wait for the user's list to replace it.
+    browser
+        .client
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::XPath("//h3[@id='job-list-title' and text()=\"dora's jobs\"]"))
+        .await
+        .expect("dora's jobs are listed");
     let link = browser
         .client
         .wait()
@@ -276,6 +288,13 @@ async fn the_jobs_page_finds_a_users_job_shows_it_and_pauses_it() {
         .for_element(Locator::XPath("//b[@id='job-status' and text()='running']"))
         .await
         .expect("the job's status is shown");
+    let shown_actions = || async {
+        let script = "return [...document.querySelectorAll('#job-detail button[data-action]')]
+                          .filter(b => !b.hidden).map(b => b.dataset.action);";
+        let value = browser.client.execute(script, vec![]).await.expect("read the buttons");
+        serde_json::from_value::<Vec<String>>(value).expect("names")
+    };
+    assert_eq!(shown_actions().await, ["pause", "cancel"], "a running job can't be resumed");
     let document = app.job(job).await;
     let steps = browser.table("#job-steps").await;
     let step = &document["steps"][0];
@@ -314,6 +333,7 @@ async fn the_jobs_page_finds_a_users_job_shows_it_and_pauses_it() {
         .for_element(Locator::XPath("//b[@id='job-status' and text()='paused']"))
         .await
         .expect("the page shows the pause");
+    assert_eq!(shown_actions().await, ["resume", "cancel"], "a paused job can't be paused");
     browser.close().await;
 }
 
