@@ -186,6 +186,9 @@ function drawShares(activeUsers, sharesNow) {
     line.setAttribute("points", points);
     line.setAttribute("stroke", colour);
     line.setAttribute("class", "series");
+    // Earlier series are drawn wider, so that lines at the same share (two users at 0 %) show
+    // as bands of each colour instead of one hiding the other.
+    line.style.strokeWidth = `${2 + 3 * (activeUsers.length - 1 - index)}px`;
     line.dataset.user = user;
     parts.push(line);
     const item = document.createElement("li");
