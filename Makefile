@@ -32,8 +32,9 @@ run:
 ## of their own, in a virtualenv under target/.
 test: export FAIRWAY_REQUIRE_TOOLS = 1
 test: $(PYTOOLS_READY) $(KUBECTL)
-	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || \
-		echo "NOTE: no /usr/bin/chromium or /usr/bin/chromedriver: the dashboard's browser tests will be skipped"
+	@for tool in /usr/bin/chromium /usr/bin/chromedriver; do test -x $$tool || echo \
+		"NOTE: $$tool is missing, so the dashboard's browser tests will fail (Debian: apt-get install chromium chromium-driver)"; \
+	done
 ifdef DATABASE_URL
 	$(TEST_TOOLS) $(CARGO) test --workspace --all-targets $(TEST_FEATURES)
 else
@@ -103,10 +104,12 @@ lint:
 	clients/python/run-tests.sh lint
 
 ## Fair sharing, shown: a broker on a throwaway cluster, worker pods, and three users arriving
-## in turn; draws each user's share of the workers in docs/demo/shares.svg (about 40 s).
+## in turn; draws each user's share of the workers in $(DEMO_OUT) (about 40 s).
+## `make demo DEMO_OUT=docs/demo/shares.svg` refreshes the chart the docs show.
+DEMO_OUT ?= target/demo/shares.svg
 demo:
 	$(CARGO) build --release --bin fairway
 	./target/release/fairway postgres --data-dir target/demo-postgres --ephemeral -- sh -c '\
 		./target/release/fairway serve --bind 127.0.0.1:8091 & broker=$$!; \
-		./target/release/fairway demo --url http://127.0.0.1:8091; status=$$?; \
+		./target/release/fairway demo --url http://127.0.0.1:8091 --out $(DEMO_OUT); status=$$?; \
 		kill $$broker; wait $$broker; exit $$status'

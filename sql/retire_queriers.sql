@@ -1,6 +1,8 @@
 -- Of the queriers that hold no lease: takes those shutting down out of the shards, and forgets
 -- those silent for longer than $1 milliseconds. Returns how many changed; shards must then be
--- redrawn. The caller holds the membership lock.
+-- redrawn. The caller holds the membership lock. A querier shutting down is silent whatever it
+-- sends (its requests get 410 and do not move last_seen), so forgetting is the shutdown's end:
+-- a pod that kept its name across a restart joins afresh with its next request.
 WITH holders AS (
     -- One pass over the running items (the leases index), whatever the number of queriers.
     SELECT DISTINCT wi.querier

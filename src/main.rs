@@ -120,12 +120,20 @@ async fn main() -> ExitCode {
 
 async fn serve(command: ServeCommand) -> Result<(), String> {
     let ServeCommand { database, serve: args } = command;
+    // The port first: a taken port is the one error to report, not what the database says.
+    let listener = fairway_server::startup::bind(&args).map_err(|error| error.to_string())?;
     let (database, private_server) = fairway_devdb::connect_or_start(&database, EMBEDDED_DATABASE)
         .await
         .map_err(|error| error.to_string())?;
     let served = async {
-        let app = Application::build(&args, database).await.map_err(|error| error.to_string())?;
-        tracing::info!(address = %args.bind, "fairway is serving");
+        let app = Application::build_on(listener, &args, database)
+            .await
+            .map_err(|error| error.to_string())?;
+        let base = format!("http://{}", args.bind);
+        tracing::info!(
+            address = %args.bind,
+            "fairway is serving: the dashboard at {base}/ui/, the API's docs at {base}/docs/"
+        );
         app.run_until_stopped().await.map_err(|error| error.to_string())
     }
     .await;

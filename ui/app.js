@@ -57,10 +57,20 @@ $("#token-forget").addEventListener("click", () => {
 });
 $("#token-forget").hidden = !sessionStorage.getItem(TOKEN_KEY);
 
-function cell(text) {
+// A cell of text, or of a node (a link) when given one.
+function cell(content) {
   const td = document.createElement("td");
-  td.textContent = text === null || text === undefined ? "" : String(text);
+  if (content instanceof Node) td.append(content);
+  else td.textContent = content === null || content === undefined ? "" : String(content);
   return td;
+}
+
+// A link to a page of the dashboard, e.g. link("jobs", id) for "#jobs/<id>".
+function link(page, value, text = value) {
+  const a = document.createElement("a");
+  a.href = `#${page}/${encodeURIComponent(value)}`;
+  a.textContent = text;
+  return a;
 }
 
 function fillTable(table, rows, columns) {
@@ -90,14 +100,21 @@ async function refreshOverview() {
   const services = body.services;
   $("#overview .empty").hidden = services.length > 0;
   fillTable($("#services"), services, [
-    (s) => s.service, (s) => s.ready, (s) => s.running, (s) => s.paused,
+    (s) => link("shares", s.service), (s) => s.ready, (s) => s.running, (s) => s.paused,
     (s) => age(s.oldest_ready_age_seconds), (s) => s.claims_per_second.toFixed(1),
     (s) => s.waiting_workers,
   ]);
   const select = $("#share-service");
   const chosen = select.value;
   select.replaceChildren(...services.map((s) => new Option(s.service, s.service)));
-  if (chosen && services.some((s) => s.service === chosen)) select.value = chosen;
+  if (chosen && services.some((s) => s.service === chosen)) {
+    select.value = chosen;
+  } else if (services.length > 0) {
+    // The busiest service is the one worth watching, not the alphabetically first.
+    const busiest = services.reduce((best, s) =>
+      s.running > best.running || (s.running === best.running && s.ready > best.ready) ? s : best);
+    select.value = busiest.service;
+  }
 }
 
 // Fair share -------------------------------------------------------------------------------
@@ -106,9 +123,16 @@ async function refreshOverview() {
 let shareSamples = [];
 let shareService = null;
 
-async function refreshShares() {
-  if (!$("#share-service").value) await refreshOverview();
-  const service = $("#share-service").value;
+async function refreshShares(linked) {
+  const select = $("#share-service");
+  if (!select.value) await refreshOverview();
+  if (linked) {
+    if (![...select.options].some((option) => option.value === linked)) {
+      select.append(new Option(linked, linked));
+    }
+    select.value = linked;
+  }
+  const service = select.value;
   if (!service) return;
   if (service !== shareService) {
     shareSamples = [];
@@ -121,10 +145,10 @@ async function refreshShares() {
   const now = Date.now();
   shareSamples.push({ at: now, shares });
   shareSamples = shareSamples.filter((sample) => sample.at >= now - SHARE_WINDOW_MS);
-  drawShares(body.users.map((user) => user.user));
+  drawShares(body.users.map((user) => user.user), shares);
 }
 
-function drawShares(activeUsers) {
+function drawShares(activeUsers, sharesNow) {
   const svg = $("#share-chart");
   const [width, height, pad] = [800, 300, 30];
   const first = shareSamples[0].at;
@@ -142,6 +166,16 @@ function drawShares(activeUsers) {
     label.textContent = `${level * 100}%`;
     parts.push(line, label);
   }
+  // The time axis: how long ago the first sample was taken, and now.
+  const last = shareSamples[shareSamples.length - 1].at;
+  for (const [at, text, anchor] of [[first, `${age((last - first) / 1000)} ago`, "start"],
+                                    [last, "now", "end"]]) {
+    const label = document.createElementNS(ns, "text");
+    Object.entries({ x: x(at), y: height - 8, class: "axis", "text-anchor": anchor })
+      .forEach(([k, v]) => label.setAttribute(k, v));
+    label.textContent = text;
+    parts.push(label);
+  }
   const legend = [];
   activeUsers.forEach((user, index) => {
     const colour = COLOURS[index % COLOURS.length];
@@ -152,11 +186,15 @@ function drawShares(activeUsers) {
     line.setAttribute("points", points);
     line.setAttribute("stroke", colour);
     line.setAttribute("class", "series");
+    // Earlier series are drawn wider, so that lines at the same share (two users at 0 %) show
+    // as bands of each colour instead of one hiding the other.
+    line.style.strokeWidth = `${2 + 3 * (activeUsers.length - 1 - index)}px`;
     line.dataset.user = user;
     parts.push(line);
     const item = document.createElement("li");
     item.style.color = colour;
-    item.textContent = user;
+    // Lines at the same share hide each other; the legend gives each user's share now.
+    item.textContent = `${user} ${Math.round((sharesNow[user] || 0) * 100)} %`;
     legend.push(item);
   });
   svg.replaceChildren(...parts);
@@ -190,7 +228,8 @@ function drawUsers() {
     rows.sort((a, b) => (a[key] > b[key] ? 1 : a[key] < b[key] ? -1 : 0) * direction);
   }
   fillTable($("#user-work"), rows, [
-    (r) => r.user, (r) => r.tenant, (r) => r.service, (r) => r.component, (r) => r.job_id,
+    (r) => r.user, (r) => r.tenant, (r) => r.service, (r) => r.component,
+    (r) => link("jobs", r.job_id),
     (r) => r.step, (r) => r.ready_count, (r) => r.running_count, (r) => r.paused,
     (r) => when(r.last_worked),
   ]);
@@ -199,6 +238,11 @@ function drawUsers() {
 // Jobs -------------------------------------------------------------------------------------
 
 let shownJob = null;
+// Whose jobs the list shows; null: the most recent jobs of every tenant.
+let listedUser = null;
+let listedSignature = null;
+const RECENT_JOBS = 20;
+const FINISHED = ["successful", "complete_with_errors", "failed", "canceled"];
 
 async function findJobs(event) {
   event.preventDefault();
@@ -206,28 +250,47 @@ async function findJobs(event) {
   $("#job-error").hidden = true;
   try {
     if (form.get("job")) {
-      shownJob = form.get("job").trim();
-      $("#job-list").hidden = true;
-      await refreshJob();
+      location.hash = `#jobs/${encodeURIComponent(form.get("job").trim())}`;
     } else if (form.get("user")) {
-      const body = await api(`/jobs?user=${encodeURIComponent(form.get("user"))}&limit=50`);
-      $("#job-list").hidden = false;
-      const tbody = $("#job-list tbody");
-      tbody.replaceChildren(...body.jobs.map((job) => {
-        const tr = document.createElement("tr");
-        const link = document.createElement("a");
-        link.href = "#jobs";
-        link.textContent = job.job_id;
-        link.addEventListener("click", () => { shownJob = job.job_id; refreshJob(); });
-        const td = document.createElement("td");
-        td.append(link);
-        tr.append(td, cell(job.status), cell(job.progress), cell(when(job.created_at)));
-        return tr;
-      }));
+      listedUser = form.get("user").trim();
+      await listJobs();
     }
   } catch (error) {
     showJobError(error);
   }
+}
+
+// The Jobs page: the job the address names, and a list of jobs (a user's, or the most recent).
+async function refreshJobs(linked) {
+  shownJob = linked;
+  $("#job-detail").hidden = !shownJob;
+  if (shownJob) await refreshJob();
+  await listJobs();
+}
+
+async function listJobs() {
+  let jobs;
+  if (listedUser) {
+    jobs = (await api(`/jobs?user=${encodeURIComponent(listedUser)}&limit=50`)).jobs;
+  } else {
+    const tenants = (await api("/admin/tenants")).tenants.slice(0, 20);
+    const lists = await Promise.all(tenants.map((t) =>
+      api(`/jobs?tenant=${encodeURIComponent(t.tenant)}&limit=${RECENT_JOBS}`)));
+    jobs = lists.flatMap((list) => list.jobs)
+      .sort((a, b) => (a.created_at < b.created_at ? 1 : a.created_at > b.created_at ? -1 : 0))
+      .slice(0, RECENT_JOBS);
+  }
+  // Redrawn only when it changed, so that a link is not replaced under the pointer.
+  const signature = JSON.stringify([listedUser, jobs.map((j) => [j.job_id, j.status, j.progress])]);
+  if (signature === listedSignature) return;
+  listedSignature = signature;
+  $("#job-list-title").textContent = listedUser ? `${listedUser}'s jobs` : "Recent jobs";
+  $("#job-list-title").hidden = false;
+  $("#job-list").hidden = false;
+  fillTable($("#job-list"), jobs, [
+    (j) => link("jobs", j.job_id), (j) => j.status, (j) => j.progress, (j) => when(j.created_at),
+    (j) => j.user, (j) => j.tenant,
+  ]);
 }
 
 function showJobError(error) {
@@ -244,6 +307,11 @@ async function refreshJob() {
   $("#job-tenant").textContent = job.tenant;
   $("#job-status").textContent = job.status;
   $("#job-progress").textContent = job.progress;
+  // Only the actions the job's state allows.
+  $("#job-detail button[data-action=pause]").hidden =
+    !["accepted", "running"].includes(job.status);
+  $("#job-detail button[data-action=resume]").hidden = job.status !== "paused";
+  $("#job-detail button[data-action=cancel]").hidden = FINISHED.includes(job.status);
   fillTable($("#job-steps"), job.steps.map((step, index) => ({ index, ...step })), [
     (s) => s.index, (s) => s.service, (s) => s.total, (s) => s.ready, (s) => s.running,
     (s) => s.successful, (s) => s.failed, (s) => s.canceled,
@@ -268,9 +336,15 @@ async function steerJob(action) {
 
 async function refreshTenants() {
   const [tenants, queriers] = await Promise.all([api("/admin/tenants"), api("/admin/queriers")]);
+  const state = Object.fromEntries(queriers.queriers.map((q) => [q.querier, q.state]));
+  // A querier that is not active is still in the shard until it is forgotten: say so.
+  const serving = (q) => (state[q] && state[q] !== "active" ? `${q} (${state[q]})` : q);
   fillTable($("#tenant-list"), tenants.tenants, [
-    (t) => t.tenant, (t) => t.max_queriers, (t) => t.max_outstanding, (t) => t.outstanding,
-    (t) => (t.sharded ? t.queriers.join(", ") : "every querier"),
+    (t) => t.tenant,
+    (t) => (t.max_queriers === 0 ? "all" : t.max_queriers),
+    (t) => (t.max_outstanding === 0 ? "unlimited" : t.max_outstanding),
+    (t) => t.outstanding,
+    (t) => (t.sharded ? t.queriers.map(serving).join(", ") : "every querier"),
   ]);
   fillTable($("#querier-list"), queriers.queriers, [
     (q) => q.querier, (q) => q.state, (q) => q.leases, (q) => when(q.last_request_at),
@@ -284,23 +358,25 @@ const REFRESHERS = {
   overview: refreshOverview,
   shares: refreshShares,
   users: refreshUsers,
-  jobs: refreshJob,
+  jobs: refreshJobs,
   tenants: refreshTenants,
 };
 
-function currentPage() {
-  const page = location.hash.slice(1);
-  return page in REFRESHERS ? page : "overview";
+// The page and what it shows, from the address: "#jobs/<id>", "#shares/<service>", "#users".
+function currentRoute() {
+  const [page, ...rest] = location.hash.slice(1).split("/");
+  if (!(page in REFRESHERS)) return { page: "overview", linked: null };
+  return { page, linked: rest.length > 0 ? decodeURIComponent(rest.join("/")) : null };
 }
 
 async function refresh() {
-  const page = currentPage();
+  const { page, linked } = currentRoute();
   for (const section of document.querySelectorAll(".page")) section.hidden = section.id !== page;
   for (const link of document.querySelectorAll("nav a")) {
     link.classList.toggle("current", link.dataset.page === page);
   }
   try {
-    await REFRESHERS[page]();
+    await REFRESHERS[page](linked);
     $("#refreshed").textContent = `refreshed ${new Date().toLocaleTimeString()}`;
     document.body.dataset.loaded = page;
   } catch (error) {
@@ -326,7 +402,9 @@ $("#job-find").addEventListener("submit", findJobs);
 for (const button of document.querySelectorAll("#job-detail button[data-action]")) {
   button.addEventListener("click", () => steerJob(button.dataset.action));
 }
-$("#share-service").addEventListener("change", refreshShares);
+$("#share-service").addEventListener("change", () => {
+  location.hash = `#shares/${encodeURIComponent($("#share-service").value)}`;
+});
 window.addEventListener("hashchange", refresh);
 refresh();
 setInterval(refresh, REFRESH_MS);

@@ -177,10 +177,12 @@ BEGIN
             v_checked_querier := v_querier;
             SELECT q.state::text INTO querier_state FROM queriers q WHERE q.querier = v_querier;
             -- The row is shared by all of the querier's workers: one of them moves it, the rest
-            -- skip. (No row when the querier is not a member.)
+            -- skip. (No row when the querier is not a member.) A querier shutting down is not
+            -- heard: its 410s must not keep it from being forgotten (retire_queriers.sql).
             PERFORM 1
                FROM queriers q
               WHERE q.querier = v_querier
+                AND q.state = 'active'
                 AND q.last_seen < now() - p_touch_ms * interval '1 millisecond'
                 FOR NO KEY UPDATE SKIP LOCKED;
             IF FOUND THEN

@@ -181,7 +181,13 @@ impl World {
                 (format!("/work/{}/status", item["id"]), body)
             }
             ("POST", "/queriers/{querier}/shutdown") => {
-                (format!("/queriers/leaving-{}/shutdown", role_name(who)), nothing)
+                // A querier is known once it asked for work; an unknown one is not found.
+                let querier = format!("leaving-{}", role_name(who));
+                let path = format!("/work?service=svc-none&querier={querier}");
+                let response = self.send(Some(ADMIN_TOKEN), "GET", &path, None).await;
+                let status = response.status();
+                assert!(status.is_success() || status == StatusCode::GONE, "{querier}: {status}");
+                (format!("/queriers/{querier}/shutdown"), nothing)
             }
             ("GET", "/admin/user-work") => ("/admin/user-work".into(), nothing),
             ("GET", "/admin/shares") => ("/admin/shares?service=svc-a".into(), nothing),
@@ -671,4 +677,20 @@ async fn the_cli_makes_lists_and_revokes_tokens() {
         .cloned()
         .expect("ci");
     assert!(ci["revoked_at"].is_string() && ci["expires_at"].is_string(), "{ci}");
+}
+
+#[tokio::test]
+async fn the_api_docs_show_bearer_tokens_only_while_auth_is_on() {
+    let has_security = |document: &Value| {
+        let schemes = &document["components"]["securitySchemes"];
+        let operation = &document["paths"]["/jobs"]["post"];
+        (schemes.as_object().is_some_and(|s| !s.is_empty()), operation.get("security").is_some())
+    };
+    let off = spawn_app().await;
+    let document: Value = off.get("/openapi.json").await.json().await.expect("JSON");
+    assert_eq!(has_security(&document), (false, false), "no Authorize button with auth off");
+    let on = spawn_app_with(auth_args()).await;
+    let document: Value = on.get("/openapi.json").await.json().await.expect("JSON");
+    assert_eq!(has_security(&document), (true, true));
+    assert!(document["info"]["description"].as_str().is_some_and(|d| d.contains("/ui/")));
 }

@@ -287,3 +287,164 @@ async fn the_demo_draws_three_users_converging_on_equal_shares() {
     assert_eq!(ready, 0);
     app.assert_consistent().await;
 }
+
+/// Waits for a worker that should stop by itself, and returns its exit and everything it wrote.
+async fn exited(child: Child) -> Output {
+    tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+        .await
+        .expect("the worker stops by itself")
+        .expect("its output")
+}
+
+fn worker_logging(app: &TestApp, service: &str, querier: &str, command: &[&str]) -> Child {
+    fairway(app)
+        .args(["worker", "--service", service, "--querier", querier, "--wait", "1s", "--"])
+        .args(command)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the worker")
+}
+
+#[tokio::test]
+async fn a_worker_whose_command_cannot_start_stops_instead_of_failing_the_backlog() {
+    let app = spawn_app().await;
+    let job = app.submit_simple("alice", "wtypo", 20, false).await;
+    let child = worker_logging(&app, "wtypo", "typo-pod", &["/nonexistent/convertt"]);
+    let output = exited(child).await;
+    assert!(!output.status.success(), "a worker that can do nothing says so by its exit");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(said.contains("cannot start /nonexistent/convertt"), "{said}");
+
+    let document = app.job(job).await;
+    assert_ne!(document["status"], "failed", "{document}");
+    assert_eq!(document["steps"][0]["ready"], 20, "every item waits for a working worker");
+    let attempts: i64 = app
+        .db
+        .query_one("SELECT sum(attempt)::bigint FROM work_items WHERE job_id = $1", &[&job])
+        .await
+        .expect("attempts")
+        .get(0);
+    assert_eq!(attempts, 1, "only the item in hand was tried");
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn a_command_failing_item_after_item_makes_the_worker_pause_and_log_why() {
+    let app = spawn_app().await;
+    let job = app.submit_simple("alice", "flaky", 10, false).await;
+    let script = "cat > /dev/null; echo 'disk full' >&2; exit 3";
+    let mut child = worker_logging(&app, "flaky", "flaky-pod", &["sh", "-c", script]);
+    let stdout = child.stdout.take().expect("the worker's log");
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let mut log = String::new();
+    let paused_at = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(line) = lines.next_line().await.expect("a log line") {
+            log.push_str(&line);
+            log.push('\n');
+            if line.contains("in a row; pausing") {
+                return Instant::now();
+            }
+        }
+        panic!("the worker ended without pausing")
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the worker never paused:\n{log}"));
+    assert!(log.contains("disk full"), "the log says why each item failed:\n{log}");
+    let attempts = || async {
+        let row = app
+            .db
+            .query_one("SELECT sum(attempt)::bigint FROM work_items WHERE job_id = $1", &[&job])
+            .await
+            .expect("attempts");
+        row.get::<_, i64>(0)
+    };
+    assert_eq!(attempts().await, 3, "it paused after three failures in a row");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while attempts().await < 4 {
+        assert!(Instant::now() < deadline, "the worker never took work again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(paused_at.elapsed() >= Duration::from_millis(1500), "it paused before the next item");
+    assert!(terminate(&mut child).await.success());
+}
+
+#[tokio::test]
+async fn output_that_is_not_a_json_array_is_quoted_in_the_error() {
+    let app = spawn_app().await;
+    let job = app.submit_simple("alice", "chatty", 1, true).await;
+    let mut child = worker(&app, "chatty", &[], "cat > /dev/null; echo 'converted 3 granules'");
+    await_job(&app, job, Duration::from_secs(30), |job| job["status"] == "failed").await;
+    assert!(terminate(&mut child).await.success());
+    let error: String = app
+        .db
+        .query_one("SELECT error FROM work_items WHERE job_id = $1", &[&job])
+        .await
+        .expect("item")
+        .get(0);
+    assert!(error.contains("began \"converted 3 granules"), "{error}");
+}
+
+#[tokio::test]
+async fn a_worker_exits_when_its_querier_was_shut_down() {
+    let app = spawn_app().await;
+    assert!(app.claim_with("service=svc&querier=bq").await.is_empty(), "bq joins");
+    let response = app.post("/queriers/bq/shutdown", &json!({})).await;
+    assert_eq!(response.status(), reqwest::StatusCode::ACCEPTED);
+    let output = exited(worker_logging(&app, "svc", "bq", &["cat"])).await;
+    assert!(!output.status.success(), "a worker with nothing to do is not a success");
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("shut querier bq down"), "{said}");
+}
+
+#[tokio::test]
+async fn serve_on_a_taken_port_says_so_before_touching_the_database() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let address = taken.local_addr().expect("its address").to_string();
+    // No database answers here: had the broker gone to it first, that is what it would report.
+    let output = Command::new(env!("CARGO_BIN_EXE_fairway"))
+        .args(["serve", "--bind", &address])
+        .env("DATABASE_URL", "postgres://fairway@127.0.0.1:1/fairway")
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(20), output)
+        .await
+        .expect("serve gives up at once")
+        .expect("run fairway serve");
+    assert!(!output.status.success());
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let first = said.lines().next().unwrap_or_default();
+    assert!(first.contains(&format!("cannot listen on {address}")), "first line: {first}\n{said}");
+    assert!(first.contains("FAIRWAY_BIND") && first.contains("--bind"), "{first}");
+}
+
+#[tokio::test]
+async fn admin_json_prints_the_apis_error_and_transport_errors_say_what_to_check() {
+    let app = spawn_app().await;
+    let unknown = Uuid::new_v4().to_string();
+    let output = run(&app, &["admin", "--json", "jobs", "show", &unknown]).await;
+    assert!(!output.status.success());
+    let printed: Value = serde_json::from_slice(&output.stdout).expect("the API's JSON error");
+    assert_eq!(printed["error"]["code"], "job_not_found", "{printed}");
+
+    // Nothing listens on a port just bound and closed.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let url = format!("http://{}", closed.local_addr().expect("address"));
+    drop(closed);
+    let output = fairway(&app).args(["admin", "--url", &url, "services"]).output().await;
+    let said = String::from_utf8_lossy(&output.expect("run fairway").stderr).into_owned();
+    assert!(said.contains(&format!("connection refused: is a broker running at {url}?")), "{said}");
+
+    let output = fairway(&app).args(["admin", "--url", "localhost:8080", "services"]).output();
+    let said = String::from_utf8_lossy(&output.await.expect("run fairway").stderr).into_owned();
+    assert!(said.contains("not an http:// or https:// URL"), "{said}");
+}

@@ -2,10 +2,10 @@
 //! for every operation from the document and checks each answer against it.
 //!
 //! The tools come from the Python environment `make test` prepares (`target/pytools`). Run
-//! without it (a bare `cargo test`), these tests say so and pass, unless
-//! `FAIRWAY_REQUIRE_TOOLS` is set, as `make test` sets it.
+//! without it (a bare `cargo test`), these tests are reported as ignored (see build.rs), or
+//! fail when `FAIRWAY_REQUIRE_TOOLS` is set, as `make test` sets it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fairway_server::config::ServeArgs;
@@ -13,24 +13,19 @@ use tokio::process::Command;
 
 use crate::helpers::{auth_args, spawn_app, spawn_app_with, ADMIN_TOKEN};
 
-/// The installed tool `name`, or None (after saying why) when the environment lacks it.
-fn python_tool(name: &str) -> Option<PathBuf> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/pytools/bin").join(name);
-    if path.exists() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("FAIRWAY_REQUIRE_TOOLS").is_none(),
-        "{} is missing: `make test` installs it",
-        path.display()
-    );
-    eprintln!("skipped: {} is missing (`make test` installs it)", path.display());
-    None
+/// The installed tool `name`, beside the Python `FAIRWAY_TEST_PYTHON` names; a test not
+/// ignored for lack of it fails when it is missing.
+fn python_tool(name: &str) -> PathBuf {
+    let python = crate::metrics::python();
+    let path = Path::new(&python).parent().unwrap_or(Path::new(".")).join(name);
+    assert!(path.exists(), "{} is missing: `make test` installs it", path.display());
+    path
 }
 
 #[tokio::test]
+#[cfg_attr(fairway_no_pytools, ignore = "needs target/pytools (make test installs it)")]
 async fn the_openapi_document_is_valid() {
-    let Some(validator) = python_tool("openapi-spec-validator") else { return };
+    let validator = python_tool("openapi-spec-validator");
     let app = spawn_app().await;
     let document = app.get("/openapi.json").await.text().await.expect("the document");
     let file = std::env::temp_dir().join(format!("fairway-openapi-{}.json", uuid::Uuid::new_v4()));
@@ -46,8 +41,9 @@ async fn the_openapi_document_is_valid() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(fairway_no_pytools, ignore = "needs target/pytools (make test installs it)")]
 async fn the_broker_answers_as_its_openapi_document_says() {
-    let Some(schemathesis) = python_tool("st") else { return };
+    let schemathesis = python_tool("st");
     // Long polls are cut to a second, so that generated `wait`s do not hold the run up. Auth
     // is on: every request carries the admin token (tests/api/auth.rs checks the answers
     // without one). Revoking is left out: a generated id could revoke the very token the run

@@ -2,7 +2,8 @@
 //! live broker with seeded work: what each page shows equals what the API says. A screenshot of
 //! each page goes to `target/ui-screenshots/`.
 //!
-//! Without Chromium and chromedriver on the machine these tests say that they skipped.
+//! Without Chromium or chromedriver on the machine these tests are reported as ignored (see
+//! build.rs), or fail when `FAIRWAY_REQUIRE_TOOLS` is set, as `make test` sets it.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -24,12 +25,15 @@ struct Browser {
 }
 
 impl Browser {
-    /// None, after saying so, when the machine has no Chromium.
-    async fn start() -> Option<Self> {
-        if !Path::new(CHROMIUM).exists() || !Path::new(CHROMEDRIVER).exists() {
-            eprintln!("skipped: the browser tests need {CHROMIUM} and {CHROMEDRIVER}");
-            return None;
-        }
+    /// Starts the browser; a test not ignored for lack of one fails when it is missing.
+    async fn start() -> Self {
+        let missing: Vec<&str> =
+            [CHROMIUM, CHROMEDRIVER].into_iter().filter(|path| !Path::new(path).exists()).collect();
+        assert!(
+            missing.is_empty(),
+            "the browser tests need {} (Debian: apt-get install chromium chromium-driver)",
+            missing.join(" and ")
+        );
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .expect("a free port")
@@ -66,7 +70,7 @@ impl Browser {
                 }
             }
         };
-        Some(Self { client, _driver: driver })
+        Self { client, _driver: driver }
     }
 
     /// Opens a page of the dashboard and waits until it has drawn itself from the API.
@@ -108,8 +112,9 @@ impl Browser {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(fairway_no_browser, ignore = "needs /usr/bin/chromium and /usr/bin/chromedriver")]
 async fn the_tenants_page_shows_the_apis_tenants_and_queriers() {
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     let app = spawn_app().await;
     app.http
         .put(app.url("/admin/tenants/acme"))
@@ -129,6 +134,8 @@ async fn the_tenants_page_shows_the_apis_tenants_and_queriers() {
     let acme = shown.iter().find(|row| row[0] == "acme").expect("acme is listed");
     assert_eq!(acme[1..4], ["1", "500", "1"], "limits and waiting items: {shown:?}");
     assert_eq!(acme[4], "every querier", "one querier: the shard is all of them");
+    let default = shown.iter().find(|row| row[0] == "default").expect("default is listed");
+    assert_eq!(default[1..3], ["all", "unlimited"], "0 means no limit: {shown:?}");
     let queriers = browser.table("#querier-list").await;
     assert_eq!(queriers[0][..3], ["pod-a", "active", "1"], "{queriers:?}");
     browser.screenshot("tenants").await;
@@ -136,8 +143,9 @@ async fn the_tenants_page_shows_the_apis_tenants_and_queriers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(fairway_no_browser, ignore = "needs /usr/bin/chromium and /usr/bin/chromedriver")]
 async fn the_users_page_shows_the_user_work_rows_and_filters_them() {
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     let app = spawn_app().await;
     app.submit_simple("alice", "subsetter", 3, false).await;
     app.submit_simple("bob", "subsetter", 2, true).await;
@@ -188,8 +196,9 @@ async fn the_users_page_shows_the_user_work_rows_and_filters_them() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(fairway_no_browser, ignore = "needs /usr/bin/chromium and /usr/bin/chromedriver")]
 async fn the_fair_share_chart_draws_one_series_per_active_user() {
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     let app = spawn_app().await;
     for user in ["alice", "bob", "carol"] {
         app.submit_simple(user, "svc", 4, true).await;
@@ -238,13 +247,16 @@ async fn the_fair_share_chart_draws_one_series_per_active_user() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(fairway_no_browser, ignore = "needs /usr/bin/chromium and /usr/bin/chromedriver")]
 async fn the_jobs_page_finds_a_users_job_shows_it_and_pauses_it() {
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     let app = spawn_app().await;
     let job = app.submit_simple("dora", "svc", 3, true).await;
     app.claim("svc").await.expect("an item");
 
     browser.open(&app, "jobs").await;
+    let recent = browser.table("#job-list").await;
+    assert_eq!(recent.first().map(|row| row[0].clone()), Some(job.to_string()), "recent jobs");
     let find = |selector: &'static str| browser.client.find(Locator::Css(selector));
     find("#job-find input[name=user]")
         .await
@@ -253,6 +265,14 @@ async fn the_jobs_page_finds_a_users_job_shows_it_and_pauses_it() {
         .await
         .expect("type");
     find("#job-find button").await.expect("find button").click().await.expect("find");
+    // The list of recent jobs already holds the job: wait for the user's list to replace it.
+    browser
+        .client
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::XPath("//h3[@id='job-list-title' and text()=\"dora's jobs\"]"))
+        .await
+        .expect("dora's jobs are listed");
     let link = browser
         .client
         .wait()
@@ -268,6 +288,13 @@ async fn the_jobs_page_finds_a_users_job_shows_it_and_pauses_it() {
         .for_element(Locator::XPath("//b[@id='job-status' and text()='running']"))
         .await
         .expect("the job's status is shown");
+    let shown_actions = || async {
+        let script = "return [...document.querySelectorAll('#job-detail button[data-action]')]
+                          .filter(b => !b.hidden).map(b => b.dataset.action);";
+        let value = browser.client.execute(script, vec![]).await.expect("read the buttons");
+        serde_json::from_value::<Vec<String>>(value).expect("names")
+    };
+    assert_eq!(shown_actions().await, ["pause", "cancel"], "a running job can't be resumed");
     let document = app.job(job).await;
     let steps = browser.table("#job-steps").await;
     let step = &document["steps"][0];
@@ -306,12 +333,14 @@ async fn the_jobs_page_finds_a_users_job_shows_it_and_pauses_it() {
         .for_element(Locator::XPath("//b[@id='job-status' and text()='paused']"))
         .await
         .expect("the page shows the pause");
+    assert_eq!(shown_actions().await, ["resume", "cancel"], "a paused job can't be paused");
     browser.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(fairway_no_browser, ignore = "needs /usr/bin/chromium and /usr/bin/chromedriver")]
 async fn the_overview_shows_each_services_queue_as_the_api_does() {
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     let app = spawn_app().await;
     app.submit_simple("alice", "subsetter", 5, true).await;
     app.submit_simple("bob", "concat", 2, true).await;
@@ -343,8 +372,9 @@ async fn the_overview_shows_each_services_queue_as_the_api_does() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(fairway_no_browser, ignore = "needs /usr/bin/chromium and /usr/bin/chromedriver")]
 async fn with_auth_on_the_dashboard_asks_for_a_token_and_keeps_it_for_the_session_only() {
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     let app = spawn_app_with_auth().await;
     app.http
         .put(app.url("/admin/tenants/acme"))

@@ -108,6 +108,10 @@ async fn example_broker() -> (TestApp, Scrape) {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    fairway_no_kubectl,
+    ignore = "needs target/pytools and kubectl (make test installs them)"
+)]
 async fn each_overlay_validates_and_names_what_the_broker_reads_serves_and_exports() {
     let worker_env = env_vars("worker").await;
     let env_vars = env_vars("serve").await;

@@ -42,3 +42,18 @@ async fn a_waiting_worker_ignores_other_services_and_gives_up_after_wait() {
     assert_eq!(waiting["services"]["svc"], 0, "a worker that gave up is no longer counted");
     app.assert_consistent().await;
 }
+
+#[tokio::test]
+async fn a_service_no_job_has_named_still_gets_204_with_a_header_saying_so() {
+    let app = spawn_app().await;
+    let unknown = app.get("/work?service=wtypo&querier=pod-0").await;
+    assert_eq!(unknown.status(), reqwest::StatusCode::NO_CONTENT);
+    let header = unknown.headers().get("fairway-unknown-service").cloned();
+    assert_eq!(header.as_ref().and_then(|h| h.to_str().ok()), Some("wtypo"));
+
+    app.submit_simple("alice", "known", 1, true).await;
+    app.claim("known").await.expect("the item");
+    let idle = app.get("/work?service=known&querier=pod-0").await;
+    assert_eq!(idle.status(), reqwest::StatusCode::NO_CONTENT);
+    assert!(idle.headers().get("fairway-unknown-service").is_none(), "a named, idle service");
+}

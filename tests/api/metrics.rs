@@ -23,7 +23,7 @@ pub struct Sample {
 }
 
 /// The Python of the virtualenv `make test` creates, which has prometheus_client.
-fn python() -> String {
+pub fn python() -> String {
     std::env::var("FAIRWAY_TEST_PYTHON").unwrap_or_else(|_| {
         concat!(env!("CARGO_MANIFEST_DIR"), "/target/pytools/bin/python").into()
     })

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use serde_json::{json, Value};
 
-use crate::helpers::spawn_app;
+use crate::helpers::{spawn_app, spawn_app_with_auth};
 
 #[tokio::test]
 async fn admin_shares_count_each_users_running_and_ready_items_of_a_service() {
@@ -74,4 +74,18 @@ fn urlencode(text: &str) -> String {
             other => format!("%{other:02X}"),
         })
         .collect()
+}
+
+#[tokio::test]
+async fn the_root_sends_a_newcomer_to_the_dashboard_with_or_without_auth() {
+    let plain = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("a client");
+    for app in [spawn_app().await, spawn_app_with_auth().await] {
+        let response = plain.get(app.url("/")).send().await.expect("GET /");
+        assert_eq!(response.status(), reqwest::StatusCode::TEMPORARY_REDIRECT);
+        let location = response.headers().get(reqwest::header::LOCATION).cloned();
+        assert_eq!(location.as_ref().and_then(|l| l.to_str().ok()), Some("/ui/"));
+    }
 }

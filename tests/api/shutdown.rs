@@ -52,8 +52,18 @@ fn free_port() -> u16 {
 
 /// `fairway serve` as a process of its own, as a cluster runs it.
 async fn broker_process(config: &tokio_postgres::Config, stdout: Stdio) -> (Child, String) {
+    broker_process_with(config, stdout, &[]).await
+}
+
+/// As [`broker_process`], with more environment variables.
+async fn broker_process_with(
+    config: &tokio_postgres::Config,
+    stdout: Stdio,
+    env: &[(&str, &str)],
+) -> (Child, String) {
     let address = format!("127.0.0.1:{}", free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_fairway"))
+        .envs(env.iter().copied())
         .args(["serve", "--bind", &address, "--log-format", "json"])
         .arg("--shutdown-timeout")
         .arg(format!("{}s", SHUTDOWN_TIMEOUT.as_secs()))
@@ -222,9 +232,11 @@ async fn sigterm_drains_a_broker_under_load() {
 }
 
 #[tokio::test]
-async fn each_request_logs_a_json_line_with_its_request_id() {
+async fn each_request_logs_a_json_line_with_its_request_id_at_debug() {
     let config = fresh_database().await;
-    let (child, base) = broker_process(&config, Stdio::piped()).await;
+    // Request lines are at debug: the metrics count requests, and INFO stays readable.
+    let debug = [("RUST_LOG", "info,fairway_server=debug")];
+    let (child, base) = broker_process_with(&config, Stdio::piped(), &debug).await;
     let http = reqwest::Client::new();
     let given = http
         .get(format!("{base}/jobs/00000000-0000-0000-0000-000000000000"))
@@ -262,4 +274,10 @@ async fn each_request_logs_a_json_line_with_its_request_id() {
     assert_eq!(line["status"], 404);
     assert!(line["duration_ms"].as_f64().is_some_and(|ms| ms >= 0.0), "{line}");
     assert_eq!(request(&made)["route"], "/healthz");
+    let message = lines
+        .iter()
+        .filter_map(|line| line["message"].as_str())
+        .find(|message| message.starts_with("fairway is serving"))
+        .expect("the serving line");
+    assert!(message.contains(&format!("{base}/ui/")) && message.contains("/docs/"), "{message}");
 }

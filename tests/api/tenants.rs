@@ -729,3 +729,52 @@ async fn the_reaper_recounts_a_drifted_tenant_running_count_and_drops_its_logged
     }
     app.assert_consistent().await;
 }
+
+#[tokio::test]
+async fn a_shut_down_querier_that_keeps_asking_is_forgotten_and_then_joins_afresh() {
+    let mut args = ServeArgs::for_tests();
+    args.querier_forget_delay = std::time::Duration::from_millis(500);
+    args.reap_interval = std::time::Duration::from_millis(50);
+    let app = spawn_app_with(args).await;
+    assert!(claim_as(&app, "bq", 0).await.is_none(), "bq joins");
+    let response = app.post("/queriers/bq/shutdown", &json!({})).await;
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    let shut_down_at = std::time::Instant::now();
+    submit_items(&app, "default", "u", &["unknown"]).await;
+    // A pod restarted under its old name asks again and again; its 410s must not keep the
+    // shutdown alive.
+    let deadline = shut_down_at + std::time::Duration::from_secs(20);
+    let item = loop {
+        let response = app.get("/work?service=svc&querier=bq").await;
+        match response.status() {
+            StatusCode::GONE => {}
+            StatusCode::OK => {
+                let body: Value = response.json().await.expect("JSON");
+                break body["work_items"][0].clone();
+            }
+            other => panic!("unexpected {other}"),
+        }
+        assert!(std::time::Instant::now() < deadline, "bq was never let back in");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert!(
+        shut_down_at.elapsed() >= std::time::Duration::from_millis(500),
+        "the shutdown held for the forget delay"
+    );
+    app.succeed(&item, json!([])).await;
+    let queriers: Value = app.get("/admin/queriers").await.json().await.expect("JSON");
+    assert_eq!(queriers["queriers"][0]["querier"], "bq", "{queriers}");
+    assert_eq!(queriers["queriers"][0]["state"], "active", "{queriers}");
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn shutting_down_an_unknown_querier_is_not_found_and_blocks_nothing() {
+    let app = spawn_app().await;
+    let response = app.post("/queriers/never-seen/shutdown", &json!({})).await;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let error: Value = response.json().await.expect("JSON");
+    assert_eq!(error["error"]["code"], "querier_not_found", "{error}");
+    let response = app.get("/work?service=svc&querier=never-seen").await;
+    assert_eq!(response.status(), StatusCode::NO_CONTENT, "the name was not blocked");
+}

@@ -153,6 +153,34 @@ async fn bad_status_updates_are_refused() {
 }
 
 #[tokio::test]
+async fn an_empty_body_and_a_report_on_an_unclaimed_item_say_what_is_wrong() {
+    let app = spawn_app().await;
+    let job = app.submit_simple("seed", "svc", 1, true).await;
+    let id: i64 = app
+        .db
+        .query_one("SELECT id FROM work_items WHERE job_id = $1", &[&job])
+        .await
+        .expect("the item")
+        .get(0);
+    let message = |body: Value| body["error"]["message"].as_str().unwrap_or_default().to_owned();
+
+    // As `curl -X POST localhost:8080/jobs` sends it: no body, no Content-Type.
+    let response = app.http.post(app.url("/jobs")).send().await.expect("POST");
+    assert_eq!(response.status(), 400);
+    let body: Value = response.json().await.expect("JSON");
+    assert_eq!(body["error"]["code"], "invalid_body");
+    assert!(message(body.clone()).contains("no body"), "{body}");
+
+    for attempt in [0, 1] {
+        let report = json!({ "status": "successful", "attempt": attempt, "results": [] });
+        let response = app.post(&format!("/work/{id}/status"), &report).await;
+        assert_eq!(response.status(), 409);
+        let body: Value = response.json().await.expect("JSON");
+        assert!(message(body.clone()).contains("never claimed"), "attempt {attempt}: {body}");
+    }
+}
+
+#[tokio::test]
 async fn unknown_and_malformed_job_ids_are_refused() {
     let app = spawn_app().await;
     app.submit_simple("seed", "svc", 1, true).await;
@@ -215,6 +243,11 @@ async fn bad_listing_and_waiting_parameters_are_refused_naming_the_parameter() {
         (format!("/jobs/{job}?wait=-1"), "wait"),
         (format!("/jobs/{job}?wait=1.5"), "wait"),
         (format!("/jobs/{job}?wait=soon"), "wait"),
+        ("/work?service=svc&querier=pod-0&max=abc".to_owned(), "max=\"abc\""),
+        ("/work?service=svc&querier=pod-0&wait=-1".to_owned(), "wait=\"-1\""),
+        ("/work?service=svc&querier=pod-0&wait=1.5".to_owned(), "wait=\"1.5\""),
+        ("/work?worker=-1&service=svc&querier=pod-0".to_owned(), "worker=\"-1\""),
+        ("/admin/user-work?limit=many".to_owned(), "limit=\"many\""),
     ];
     for (path, parameter) in cases {
         let response = app.get(&path).await;

@@ -11,11 +11,11 @@ use tokio::time::Instant;
 
 use crate::batch::{answer_each, batch_index, in_batch, Batches};
 use crate::core::Core;
-use crate::db::sql::{self, ClaimItems, HasClaimableWork};
+use crate::db::sql::{self, ClaimItems, HasClaimableWork, ServiceIsNamed};
 use crate::metrics::{ClaimOutcome, ClaimedItem};
 use crate::rows;
 use crate::{BrokerError, Endings, Tenancy};
-use fairway_api::model::{ClaimRequest, WorkItem};
+use fairway_api::model::{ClaimRequest, ServiceName, WorkItem};
 use fairway_api::strategy::{ends_in_fair, has_hard_cap};
 
 /// How long a claim that found every user with work busy waits for a release signalled in
@@ -64,6 +64,14 @@ impl Claims {
 }
 
 impl Claims {
+    /// Whether any job has named `service`: a claim for one that none has waits like an idle
+    /// service's, so the server tells the worker it may be a typo.
+    pub async fn service_is_named(&self, service: &ServiceName) -> Result<bool, BrokerError> {
+        let client = self.core.client().await?;
+        let named = ServiceIsNamed { service: service.as_str() };
+        Ok(sql::fetch_one(&client, &named).await?.named)
+    }
+
     /// Hands out up to `request.max` work items of the service in one transaction, each chosen
     /// by the fair order as a single claim would choose it. Empty when nothing is ready.
     ///

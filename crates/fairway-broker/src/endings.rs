@@ -640,6 +640,13 @@ fn refusal(item: &ItemState, id: WorkItemId, attempt: i32, token: Option<i64>) -
             "item_finished",
             format!("work item {id} is already {status}"),
         ),
+        "ready" if current == 0 => BrokerError::conflict(
+            "stale_attempt",
+            format!(
+                "work item {id} was never claimed, so attempt {attempt} never held a lease: \
+                 claim it with GET /work, then report the attempt the claim gave"
+            ),
+        ),
         _ if current != attempt => BrokerError::conflict(
             "stale_attempt",
             format!("attempt {attempt} of work item {id} is not current (the current attempt is {current})"),

@@ -48,8 +48,10 @@ impl Tenancy {
         Ok(())
     }
 
-    /// A querier announced its shutdown: its further work requests get 410, and it leaves its
-    /// shards once it holds no lease.
+    /// A querier announced its shutdown: its further work requests get 410, it leaves its
+    /// shards once it holds no lease, and it is forgotten once it holds none and has not been
+    /// heard for the forget delay (its 410s do not count). A querier never seen, or forgotten,
+    /// is not found: shutting it down would block its name in advance.
     pub async fn shut_down_querier(&self, querier: &QuerierName) -> Result<(), BrokerError> {
         self.core.retrying("shut_down_querier", move || self.shut_down_querier_once(querier)).await
     }
@@ -57,7 +59,17 @@ impl Tenancy {
     async fn shut_down_querier_once(&self, querier: &QuerierName) -> Result<(), BrokerError> {
         let mut client = self.core.client().await?;
         let tx = membership_change(&mut client).await?;
-        sql::run(&tx, &ShutDownQuerier { querier: querier.as_str() }).await?;
+        let shut_down = ShutDownQuerier { querier: querier.as_str() };
+        if sql::fetch_opt(&tx, &shut_down).await?.is_none() {
+            return Err(BrokerError::not_found(
+                "querier_not_found",
+                format!(
+                    "no querier {}: it never asked for work, or was forgotten after the forget \
+                     delay without a request",
+                    querier.as_str()
+                ),
+            ));
+        }
         let changed = retire(&tx, self.forget_after_millis()).await?;
         commit_membership_change(tx, changed).await
     }

@@ -179,8 +179,8 @@ pub struct DemoArgs {
     #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
     pub item_time: Duration,
 
-    /// Where to write the chart.
-    #[arg(long, default_value = "docs/demo/shares.svg")]
+    /// Where to write the chart (docs/demo/shares.svg is the one the docs show).
+    #[arg(long, default_value = "target/demo/shares.svg")]
     pub out: PathBuf,
 }
 

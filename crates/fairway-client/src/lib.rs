@@ -26,11 +26,40 @@ pub enum ClientError {
     #[error("{message} ({status}, {code})")]
     Api { status: StatusCode, code: String, message: String },
     /// The broker could not be reached, or its answer could not be read.
-    #[error("{0}")]
+    #[error("{}", transport_message(.0))]
     Transport(#[from] reqwest::Error),
     /// The broker answered something that is not the documented document.
     #[error("unexpected answer from the broker ({status}): {body}")]
     Unexpected { status: StatusCode, body: String },
+}
+
+/// A transport error in words that say what to check: reqwest's own ("error sending request
+/// for url (…)") hide the cause in its source chain.
+fn transport_message(error: &reqwest::Error) -> String {
+    let url = error.url().map(|url| {
+        let mut base = url.clone();
+        base.set_path("");
+        base.set_query(None);
+        base.as_str().trim_end_matches('/').to_owned()
+    });
+    let url = url.as_deref().unwrap_or("the broker's URL");
+    let mut causes = Vec::new();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        causes.push(cause.to_string());
+        source = cause.source();
+    }
+    let innermost = causes.last().cloned().unwrap_or_default();
+    if error.is_connect() && innermost.contains("Connection refused") {
+        return format!("connection refused: is a broker running at {url}? (--url, FAIRWAY_URL)");
+    }
+    if error.is_connect() {
+        return format!("cannot connect to {url}: {innermost} (--url, FAIRWAY_URL)");
+    }
+    if error.is_timeout() {
+        return format!("no answer from {url} within {}s", REQUEST_TIMEOUT.as_secs());
+    }
+    std::iter::once(error.to_string()).chain(causes).collect::<Vec<_>>().join(": ")
 }
 
 impl ClientError {
@@ -62,6 +91,17 @@ pub struct ClaimParams<'a> {
     pub max: u32,
     /// How long to wait for work to appear (0–60 s).
     pub wait: Duration,
+}
+
+/// The header on an empty claim's answer when no job has named the service.
+const UNKNOWN_SERVICE: &str = "fairway-unknown-service";
+
+/// What a claim got.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub items: Vec<WorkItem>,
+    /// No item, and no job has named the service: possibly a typo, possibly early.
+    pub unknown_service: bool,
 }
 
 /// A worker's report on the attempt it holds.
@@ -233,6 +273,11 @@ impl Client {
 
     /// Claims work; an empty answer means none came within the wait.
     pub async fn claim(&self, params: &ClaimParams<'_>) -> Result<Vec<WorkItem>, ClientError> {
+        Ok(self.claim_answer(params).await?.items)
+    }
+
+    /// Claims work, and says whether the broker knows the service at all.
+    pub async fn claim_answer(&self, params: &ClaimParams<'_>) -> Result<Claimed, ClientError> {
         let query = [
             ("service", params.service.to_owned()),
             ("querier", params.querier.to_owned()),
@@ -242,9 +287,11 @@ impl Client {
         ];
         let response = self.request(Method::GET, "/work").query(&query).send().await?;
         if response.status() == StatusCode::NO_CONTENT {
-            return Ok(Vec::new());
+            let unknown_service = response.headers().contains_key(UNKNOWN_SERVICE);
+            return Ok(Claimed { items: Vec::new(), unknown_service });
         }
-        Ok(decode::<WorkItems>(response).await?.work_items)
+        let items = decode::<WorkItems>(response).await?.work_items;
+        Ok(Claimed { items, unknown_service: false })
     }
 
     pub async fn report(&self, item: i64, report: &Report) -> Result<ReportAnswer, ClientError> {

@@ -68,7 +68,7 @@ pub struct UserWorkRows {
     responses((status = 200, description = "The rows.", body = UserWorkRows)))]
 async fn user_work(
     broker: web::Data<Broker>,
-    query: web::Query<UserWorkQuery>,
+    query: crate::query::Query<UserWorkQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let limit = query.limit.map(PageLimit::new).transpose()?.unwrap_or_default();
     let after = non_empty(&query.after).map(UserWorkCursor::parse).transpose()?;
@@ -104,7 +104,7 @@ pub struct Shares {
     responses((status = 200, description = "The users, most running first.", body = Shares)))]
 async fn shares(
     broker: web::Data<Broker>,
-    query: web::Query<SharesQuery>,
+    query: crate::query::Query<SharesQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let query = query.into_inner();
     let service = ServiceName::parse(&query.service)?;
@@ -248,7 +248,7 @@ pub struct StrategyUsageReport {
     responses((status = 200, description = "Each value with items.", body = StrategyUsageReport)))]
 async fn strategy_usage(
     broker: web::Data<Broker>,
-    query: web::Query<UsageQuery>,
+    query: crate::query::Query<UsageQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let service = ServiceName::parse(&query.service)?;
     if !valid_key(&query.key) {

@@ -79,7 +79,7 @@ pub const ROUTES: &[(&str, &str, Access)] = &[
 /// Paths that hold no data, open to anyone whatever the method: the API's description and
 /// the dashboard's static files (the dashboard then reads the API with a token).
 const OPEN_PATTERNS: &[&str] =
-    &["/openapi.json", "/docs", "/docs/{_:.*}", "/ui", "/ui/", "/ui/{file}"];
+    &["/", "/openapi.json", "/docs", "/docs/{_:.*}", "/ui", "/ui/", "/ui/{file}"];
 
 /// Who may send `method` to the route registered as `pattern` (None: no route matched).
 pub fn access(method: &Method, pattern: Option<&str>, metrics_require_token: bool) -> Access {

@@ -1,7 +1,7 @@
 //! The one place where errors become HTTP responses:
 //! `{"error": {"code": "<snake_case>", "message": "<human text>"}}`.
 
-use actix_web::error::{JsonPayloadError, PathError, QueryPayloadError};
+use actix_web::error::{JsonPayloadError, PathError};
 use actix_web::http::{header, StatusCode};
 use actix_web::{HttpRequest, HttpResponse, ResponseError};
 use serde::Serialize;
@@ -156,10 +156,21 @@ impl ResponseError for ApiError {
 
 /// Turns an unreadable JSON body into a JSON error: 413 when too large, else 400.
 pub fn json_error(limit: usize) -> impl Fn(JsonPayloadError, &HttpRequest) -> actix_web::Error {
-    move |error, _| {
+    move |error, request| {
         let api_error = match error {
             JsonPayloadError::Overflow { .. } | JsonPayloadError::OverflowKnownLength { .. } => {
                 ApiError::PayloadTooLarge { limit }
+            }
+            // actix refuses a body without a Content-Type before reading it; a request with no
+            // body at all (`curl -X POST` without `-d`) is the usual case.
+            JsonPayloadError::ContentType if !has_body(request) => empty_body(),
+            JsonPayloadError::ContentType => ApiError::bad_request(
+                "invalid_body",
+                "invalid request body: it came without a Content-Type header; send it as \
+                 application/json",
+            ),
+            JsonPayloadError::Deserialize(error) if error.is_eof() && error.column() == 0 => {
+                empty_body()
             }
             JsonPayloadError::Deserialize(error) => {
                 ApiError::bad_request("invalid_body", format!("invalid request body: {error}"))
@@ -172,8 +183,17 @@ pub fn json_error(limit: usize) -> impl Fn(JsonPayloadError, &HttpRequest) -> ac
     }
 }
 
-pub fn query_error(error: QueryPayloadError, _: &HttpRequest) -> actix_web::Error {
-    ApiError::bad_request("invalid_query", format!("invalid query string: {error}")).into()
+fn has_body(request: &HttpRequest) -> bool {
+    let length = request.headers().get(header::CONTENT_LENGTH);
+    let chunked = request.headers().contains_key(header::TRANSFER_ENCODING);
+    chunked || length.is_some_and(|length| length.as_bytes() != b"0")
+}
+
+fn empty_body() -> ApiError {
+    ApiError::bad_request(
+        "invalid_body",
+        "the request has no body: this route takes a JSON object (docs/api.md)",
+    )
 }
 
 pub fn path_error(error: PathError, _: &HttpRequest) -> actix_web::Error {

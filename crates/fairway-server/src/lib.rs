@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 pub mod openapi;
 mod producers;
+mod query;
 pub mod startup;
 mod tokens;
 mod ui;
@@ -26,7 +27,7 @@ use actix_web::web;
 
 use uuid::Uuid;
 
-use error::{json_error, path_error, query_error, ApiError};
+use error::{json_error, path_error, ApiError};
 use fairway_api::pages::PageLimit;
 use fairway_broker::Broker;
 
@@ -82,7 +83,6 @@ pub fn configure(max_body_bytes: usize) -> impl FnOnce(&mut web::ServiceConfig) 
                     .content_type(|_| true)
                     .error_handler(json_error(max_body_bytes)),
             )
-            .app_data(web::QueryConfig::default().error_handler(query_error))
             .app_data(web::PathConfig::default().error_handler(path_error))
             .configure(producers::routes)
             .configure(workers::routes)
@@ -157,15 +157,15 @@ pub async fn observe(
             response.response_mut().head_mut().set_connection_type(ConnectionType::Close);
         }
     }
-    tracing::info!(
-        request_id,
-        method,
-        route,
-        path,
-        status,
-        duration_ms = took.as_secs_f64() * 1000.0,
-        "request"
-    );
+    // Every request is counted in fairway_http_requests_total; a line for each would bury
+    // the log, so only a server error is logged by default (RUST_LOG=fairway_server=debug logs
+    // them all).
+    let duration_ms = took.as_secs_f64() * 1000.0;
+    if status >= 500 {
+        tracing::warn!(request_id, method, route, path, status, duration_ms, "request");
+    } else {
+        tracing::debug!(request_id, method, route, path, status, duration_ms, "request");
+    }
     Ok(response)
 }
 

@@ -2,7 +2,7 @@
 //! drift from them, served at `/openapi.json` and browsable at `/docs` (Swagger UI, served from
 //! the binary).
 
-use actix_web::web;
+use actix_web::{web, HttpResponse};
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::{RefOr, Response, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
@@ -13,7 +13,7 @@ use super::{admin, error, producers, tokens, workers};
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "fairway", description = "A fair-queueing work broker on PostgreSQL."),
+    info(title = "fairway", description = "A fair-queueing work broker on PostgreSQL. The operators' dashboard is at [/ui/](/ui/)."),
     paths(
         producers::submit_job,
         producers::get_job,
@@ -154,9 +154,42 @@ pub fn document() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi()
 }
 
-/// `/openapi.json` and `/docs`, both served by Swagger UI's service.
+/// `/openapi.json`, and `/docs`, Swagger UI's pages reading it.
 pub fn routes(config: &mut web::ServiceConfig) {
+    let with_auth = web::Data::new(document().to_json().unwrap_or_default());
+    let mut without = document();
+    without_auth(&mut without);
+    let without_auth = web::Data::new(without.to_json().unwrap_or_default());
     config
+        .service(web::resource("/openapi.json").route(web::get().to(move |state: AuthData| {
+            let document = if state.authenticator.is_on() { &with_auth } else { &without_auth };
+            let body = document.get_ref().clone();
+            async move { HttpResponse::Ok().content_type("application/json").body(body) }
+        })))
         .service(web::redirect("/docs", "/docs/"))
-        .service(SwaggerUi::new("/docs/{_:.*}").url("/openapi.json", document()));
+        .service(
+            SwaggerUi::new("/docs/{_:.*}").config(utoipa_swagger_ui::Config::from("/openapi.json")),
+        );
+}
+
+type AuthData = web::Data<crate::auth::AuthState>;
+
+/// The document as a broker with auth off serves it: no security scheme, so that Swagger UI
+/// shows neither an Authorize button nor padlocks a reader would take for a requirement. Auth
+/// turns on at run time (the first token), so each request picks the document that holds then.
+fn without_auth(openapi: &mut utoipa::openapi::OpenApi) {
+    if let Some(components) = openapi.components.as_mut() {
+        components.security_schemes.clear();
+    }
+    for item in openapi.paths.paths.values_mut() {
+        for operation in
+            [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch]
+                .into_iter()
+                .flatten()
+        {
+            operation.security = None;
+            operation.responses.responses.remove("401");
+            operation.responses.responses.remove("403");
+        }
+    }
 }

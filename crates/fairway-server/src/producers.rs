@@ -221,7 +221,7 @@ async fn get_job(
     broker: web::Data<Broker>,
     Caller(principal): Caller,
     path: web::Path<Uuid>,
-    query: web::Query<JobQuery>,
+    query: crate::query::Query<JobQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let job_id = JobId(path.into_inner());
     let wait: u64 = number("wait", non_empty(&query.wait))?.unwrap_or(0);
@@ -263,7 +263,7 @@ async fn job_results(
     broker: web::Data<Broker>,
     Caller(principal): Caller,
     path: web::Path<Uuid>,
-    query: web::Query<ResultsQuery>,
+    query: crate::query::Query<ResultsQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let limit = page_limit(non_empty(&query.limit))?;
     let cursor = non_empty(&query.cursor).map(ResultsCursor::parse).transpose()?;
@@ -302,7 +302,7 @@ async fn list_items(
     broker: web::Data<Broker>,
     Caller(principal): Caller,
     path: web::Path<Uuid>,
-    query: web::Query<ItemsQuery>,
+    query: crate::query::Query<ItemsQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let step: Option<i32> = number("step", non_empty(&query.step))?;
     if step.is_some_and(|step| step < 0) {
@@ -344,7 +344,7 @@ struct JobsQuery {
 async fn list_jobs(
     broker: web::Data<Broker>,
     Caller(principal): Caller,
-    query: web::Query<JobsQuery>,
+    query: crate::query::Query<JobsQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let mut tenant = non_empty(&query.tenant).map(TenantName::parse).transpose()?;
     // A token scoped to tenants lists one of them: the one named, or its only one.

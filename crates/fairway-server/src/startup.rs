@@ -24,13 +24,19 @@ const REAP_BATCH: i64 = 500;
 /// How often the queue waits of claimed items are read.
 const QUEUE_WAIT_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Binds the HTTP listener on `args.bind`.
+pub fn bind(args: &ServeArgs) -> Result<TcpListener, StartupError> {
+    TcpListener::bind(args.bind)
+        .map_err(|source| StartupError::Bind { address: args.bind.to_string(), source })
+}
+
 #[derive(Debug, Error)]
 pub enum StartupError {
     #[error(transparent)]
     Database(#[from] DbError),
     #[error("cannot set up the metrics: {0}")]
     Metrics(String),
-    #[error("cannot listen on {address}: {source}")]
+    #[error("cannot listen on {address}: {source}{}", bind_hint(source))]
     Bind { address: String, source: std::io::Error },
     #[error("cannot set up auth: {0}")]
     Auth(#[from] BrokerError),
@@ -45,6 +51,20 @@ pub enum StartupError {
     AdminToken(String),
 }
 
+/// What to do about a listener that could not be bound.
+fn bind_hint(error: &std::io::Error) -> &'static str {
+    match error.kind() {
+        std::io::ErrorKind::AddrInUse => {
+            " (another process holds the port: stop it, or choose another address with --bind \
+             or FAIRWAY_BIND)"
+        }
+        std::io::ErrorKind::AddrNotAvailable | std::io::ErrorKind::PermissionDenied => {
+            " (choose another address with --bind or FAIRWAY_BIND)"
+        }
+        _ => "",
+    }
+}
+
 /// A broker bound to its port, ready to run.
 pub struct Application {
     server: Server,
@@ -56,8 +76,18 @@ pub struct Application {
 }
 
 impl Application {
-    /// Connects to the database, applies migrations and binds the HTTP listener.
+    /// Binds the HTTP listener, connects to the database and applies migrations.
     pub async fn build(
+        args: &ServeArgs,
+        config: tokio_postgres::Config,
+    ) -> Result<Self, StartupError> {
+        Self::build_on(bind(args)?, args, config).await
+    }
+
+    /// As [`Application::build`], on a listener already bound to `args.bind` (by [`bind`]),
+    /// so that a taken port is reported before anything touches the database.
+    pub async fn build_on(
+        listener: TcpListener,
         args: &ServeArgs,
         config: tokio_postgres::Config,
     ) -> Result<Self, StartupError> {
@@ -71,8 +101,6 @@ impl Application {
         background.push(tokio::spawn(fairway_broker::listener::listen_for_work(config, signals)));
         background.push(tokio::spawn(refresh_auth(authenticator.clone())));
 
-        let listener = TcpListener::bind(args.bind)
-            .map_err(|source| StartupError::Bind { address: args.bind.to_string(), source })?;
         let port = listener
             .local_addr()
             .map_err(|source| StartupError::Bind { address: args.bind.to_string(), source })?

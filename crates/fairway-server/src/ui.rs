@@ -13,6 +13,8 @@ struct Assets;
 
 pub fn routes(config: &mut web::ServiceConfig) {
     config
+        // A newcomer opening the broker's address finds the dashboard.
+        .service(web::redirect("/", "/ui/"))
         .service(web::redirect("/ui", "/ui/"))
         .route("/ui/", web::get().to(index))
         .route("/ui/{file}", web::get().to(asset));

@@ -1,5 +1,6 @@
 //! Worker pods ask for work and report on it.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use actix_web::{web, HttpResponse};
@@ -71,13 +72,15 @@ fn out_of_range(name: &str, low: u32, high: u32) -> ApiError {
 /// Claim work: up to `max` items of the service, chosen by the fair order.
 #[utoipa::path(get, path = "/work", tag = "workers", params(WorkQuery), responses(
     (status = 200, description = "Items, each leased for --lease.", body = WorkItems),
-    (status = 204, description = "No work came within `wait`."),
+    (status = 204, description = "No work came within `wait`.", headers(
+        ("fairway-unknown-service" = String, description = "Present when no job has named the service (a typo?): the service, as asked for. Workers may start before the first job, so the answer is still 204."),
+    )),
     (status = 410, description = "The querier announced its shutdown.", body = ErrorBody),
 ))]
 async fn get_work(
     broker: web::Data<Broker>,
     Caller(principal): Caller,
-    query: web::Query<WorkQuery>,
+    query: crate::query::Query<WorkQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let query = query.into_inner();
     if query.worker > MAX_WORKER_SLOT {
@@ -111,9 +114,44 @@ async fn get_work(
     let items =
         broker.claims().claim_waiting(&request, Duration::from_secs(u64::from(query.wait))).await?;
     if items.is_empty() {
-        return Ok(HttpResponse::NoContent().finish());
+        let mut answer = HttpResponse::NoContent();
+        // Workers may start before the first job, so a service no job has named still gets
+        // 204; the header tells the worker, and the log the operator, that it may be a typo.
+        match broker.claims().service_is_named(&request.service).await {
+            Ok(true) => {}
+            Ok(false) => {
+                answer.insert_header((UNKNOWN_SERVICE, request.service.as_str()));
+                log_unknown_service(request.service.as_str());
+            }
+            // The check only adds a hint: an answer with no work is still right without it.
+            Err(error) => tracing::warn!(%error, "cannot tell whether the service is named"),
+        }
+        return Ok(answer.finish());
     }
     Ok(HttpResponse::Ok().json(WorkItems { work_items: items }))
+}
+
+/// The header on a 204 for a service that no job has named (docs/api.md).
+const UNKNOWN_SERVICE: &str = "fairway-unknown-service";
+
+/// Services a log line already named as unknown, so that a worker polling a typo all day
+/// writes it once per broker. Bounded, as the names come from requests.
+static UNKNOWN_SERVICES_LOGGED: std::sync::Mutex<BTreeSet<String>> =
+    std::sync::Mutex::new(BTreeSet::new());
+const MOST_UNKNOWN_SERVICES_LOGGED: usize = 1000;
+
+fn log_unknown_service(service: &str) {
+    let mut logged = match UNKNOWN_SERVICES_LOGGED.lock() {
+        Ok(logged) => logged,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    if logged.len() < MOST_UNKNOWN_SERVICES_LOGGED && logged.insert(service.to_owned()) {
+        tracing::warn!(
+            service,
+            "a worker asks for work of a service that no job has named: a typo? It waits like \
+             an idle service's workers (and gets the {UNKNOWN_SERVICE} header)"
+        );
+    }
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -217,10 +255,15 @@ async fn post_status(
     Ok(HttpResponse::Ok().json(StatusAnswer { id, status }))
 }
 
-/// A querier going away: it gets no more work, and leaves its shards once its leases end.
+/// A querier going away: it gets no more work, and leaves its shards once its leases end. Once
+/// it holds no lease and has not been heard for the forget delay (its 410s do not count), it is
+/// forgotten, and a pod that kept its name across a restart joins afresh.
 #[utoipa::path(post, path = "/queriers/{querier}/shutdown", tag = "workers",
     params(("querier" = String, Path, description = "The querier")),
-    responses((status = 202, description = "It gets 410 from now on.", body = ShutdownAnswer)),
+    responses(
+        (status = 202, description = "It gets 410 until it holds no lease and has not been heard for the forget delay; then it is forgotten and may join again.", body = ShutdownAnswer),
+        (status = 404, description = "No such querier: it never asked for work, or was forgotten.", body = ErrorBody),
+    ),
 )]
 async fn shut_down(
     broker: web::Data<Broker>,

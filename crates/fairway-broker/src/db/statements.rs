@@ -64,6 +64,19 @@ statement! {
     }
 }
 
+statement! {
+    /// Whether any job has named the service.
+    ServiceIsNamed<'a> = "service_is_named" -> Named {
+        service: &'a str,
+    }
+}
+
+row! {
+    Named {
+        named: bool,
+    }
+}
+
 // Endings.
 
 statement! {

@@ -13,6 +13,19 @@ use fairway_api::tenancy::{QuerierDocument, TenantDocument};
 use fairway_api::tokens::TokenDocument;
 
 pub async fn run(args: AdminArgs) -> Result<(), CliError> {
+    let json = args.json;
+    let outcome = run_command(args).await;
+    // With --json a script reads standard output: it gets the API's JSON error there too (the
+    // words still go to standard error, and the exit is non-zero).
+    if let (true, Err(CliError::Client(crate::ClientError::Api { code, message, .. }))) =
+        (json, &outcome)
+    {
+        println!("{}", serde_json::json!({ "error": { "code": code, "message": message } }));
+    }
+    outcome
+}
+
+async fn run_command(args: AdminArgs) -> Result<(), CliError> {
     let client = client(&args.broker)?;
     let print = Printer { json: args.json };
     match args.command {

@@ -28,5 +28,15 @@ pub enum CliError {
 }
 
 fn client(broker: &BrokerAddress) -> Result<Client, CliError> {
-    Ok(Client::new(&broker.url, broker.token.clone())?)
+    // `localhost:8080` parses as a URL of scheme `localhost`; reqwest would then say only
+    // "builder error".
+    let url = broker.url.as_str();
+    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+    if !matches!(scheme, Some("http" | "https")) {
+        return Err(CliError::Input(format!(
+            "--url {url:?} is not an http:// or https:// URL; try http://{}",
+            url.split_once("://").map_or(url, |(_, rest)| rest)
+        )));
+    }
+    Ok(Client::new(url, broker.token.clone())?)
 }
