@@ -178,7 +178,7 @@ impl Claims {
             let request = batch_index(row.request, requests.len())?;
             states[request] = row.querier_state.clone();
             let passed = row.passed_over == Some(true);
-            match rows::work_item(row, services[request]) {
+            match rows::work_item(row, services[request])? {
                 Some(item) => items[request].push(item),
                 None => passed_over[request] = passed,
             }

@@ -13,6 +13,7 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 use crate::db::sql::{row, ClaimedRow, FromRow};
+use crate::BrokerError;
 use fairway_api::model::{
     progress, ItemStatus, JobDocument, JobId, JobStatus, Mismatch, StepDocument, StrategyUsage,
     UserShare, UserWorkRow, WorkItem, WorkItemId,
@@ -46,22 +47,29 @@ stored_status!(JobStatus, "job status");
 stored_status!(ItemStatus, "work item status");
 
 /// A claimed item (sql/claim_items.sql) of `service`, which the row does not repeat; None for
-/// a row that reports on a request without an item.
-pub fn work_item(row: ClaimedRow, service: &str) -> Option<WorkItem> {
-    Some(WorkItem {
-        id: WorkItemId(row.id?),
-        job_id: JobId(row.job_id?),
-        service: service.to_owned(),
-        step: row.step_index?,
-        user: row.username?,
-        tenant: row.tenant?,
-        actor: row.actor?,
-        component: row.component?,
-        payload: row.payload?.0,
-        inputs: row.inputs?.0,
-        attempt: row.attempt?,
-        lease_expires_at: row.lease_expires_at?,
-    })
+/// a row that reports on a request without an item. An item's row missing a column means the
+/// function and this build disagree: the batch is lost rather than an item dropped unseen.
+pub fn work_item(row: ClaimedRow, service: &str) -> Result<Option<WorkItem>, BrokerError> {
+    let Some(id) = row.id else {
+        return Ok(None);
+    };
+    let item = (|| {
+        Some(WorkItem {
+            id: WorkItemId(id),
+            job_id: JobId(row.job_id?),
+            service: service.to_owned(),
+            step: row.step_index?,
+            user: row.username?,
+            tenant: row.tenant?,
+            actor: row.actor?,
+            component: row.component?,
+            payload: row.payload?.0,
+            inputs: row.inputs?.0,
+            attempt: row.attempt?,
+            lease_expires_at: row.lease_expires_at?,
+        })
+    })();
+    item.map(Some).ok_or(BrokerError::BatchLost)
 }
 
 row! {
