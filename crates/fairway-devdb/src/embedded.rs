@@ -400,6 +400,21 @@ impl EmbeddedPostgres {
         )
     }
 
+    /// A connection string naming several servers, tried in turn for the one that takes
+    /// writes (`target_session_attrs=read-write`), as libpq does: brokers given it follow a
+    /// failover to the promoted standby.
+    pub fn failover_connection_string(servers: &[&EmbeddedPostgres], dbname: &str) -> String {
+        let hosts: Vec<&str> = servers.iter().map(|server| server.host.as_str()).collect();
+        let ports: Vec<String> = servers.iter().map(|server| server.port.to_string()).collect();
+        format!(
+            "host={} port={} user={} dbname={} target_session_attrs=read-write",
+            quote_conn_value(&hosts.join(",")),
+            ports.join(","),
+            quote_conn_value(SUPERUSER),
+            quote_conn_value(dbname)
+        )
+    }
+
     /// CREATE DATABASE `dbname` if it does not exist.
     pub async fn create_database_if_missing(&self, dbname: &str) -> Result<(), EmbeddedError> {
         let connection = self.connection_string("postgres");
