@@ -321,6 +321,10 @@ impl EmbeddedPostgres {
                 output: tail(&output_text(&output), TAIL_LINES),
             });
         }
+        // The copy carries the primary's socket directory (its lock file would stop the
+        // standby from starting) and log; neither is the standby's.
+        let _ = std::fs::remove_dir_all(data_dir.join(SOCKET_SUBDIR));
+        let _ = std::fs::remove_file(data_dir.join(LOG_FILE));
         let settings = vec![
             ("cluster_name".to_owned(), name.to_owned()),
             // After the primary restarts, the standby is back within this, not the default 5 s
