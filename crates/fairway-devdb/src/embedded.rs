@@ -1317,6 +1317,8 @@ mod tests {
             ephemeral: false,
             created_dirs: Vec::new(),
             external_socket_dir: None,
+            settings: Vec::new(),
+            killed: false,
             stopped: true,
         };
         let text = server.connection_string(r"we\ird db");
@@ -1353,7 +1355,7 @@ mod tests {
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
         assert_eq!(quote_ident(r#"a"b"#), r#""a""b""#);
         assert_eq!(
-            server_options(Path::new("/d/socket"), 5432),
+            server_options(Path::new("/d/socket"), 5432, &[]),
             format!(
                 r#"-c listen_addresses='' -c port=5432 {SERVER_SETTINGS} -c unix_socket_directories='"/d/socket"'"#
             )
