@@ -223,6 +223,10 @@ async fn each_overlay_validates_and_names_what_the_broker_reads_serves_and_expor
             (Some("DATABASE_URL"), Some("fairway-db-app")),
             "the broker reads the URL CloudNativePG writes for cluster fairway-db"
         );
+        // The app Secret's `uri` names the read-write Service, fairway-db-rw, which follows
+        // the primary through a failover; a broker on a replica would only answer 503.
+        assert_eq!(secret["key"], "uri", "{overlay}: the URL through fairway-db-rw");
+        assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz", "{overlay}");
 
         // Bound to 0.0.0.0, the broker needs auth: its admin token comes from a Secret, as the
         // worker's and the consistency check's tokens do (docs/security.md).

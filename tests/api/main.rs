@@ -10,6 +10,7 @@ mod dashboard;
 mod deadlocks;
 mod deploy;
 mod disconnects;
+mod failover;
 mod fairness;
 mod helpers;
 mod leases;

@@ -47,7 +47,8 @@ pub enum BrokerError {
         attempts: u32,
     },
 
-    /// PostgreSQL cannot be reached (pool exhausted, connection refused or lost).
+    /// PostgreSQL cannot be reached (pool exhausted, connection refused or lost), or the server
+    /// reached is a standby that refuses writes.
     #[error("database unavailable: {0}")]
     Unavailable(String),
 
@@ -147,8 +148,10 @@ fn is_unavailable(error: &tokio_postgres::Error) -> bool {
             let code = code.code();
             // Class 08 connection exceptions; 57P01-57P03 shutdowns and "cannot connect now";
             // 53300 too many connections; 55000 as sent for a database closed to connections.
+            // 25006: a write sent to a standby in recovery (the pool reached a standby, or
+            // the server it was on became one); the request may go through on the primary.
             code.starts_with("08")
-                || matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "55000")
+                || matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "55000" | "25006")
         }
     }
 }

@@ -171,9 +171,23 @@ impl Broker {
         self.core.is_draining()
     }
 
-    /// Whether the database answers.
+    /// Whether the database answers and takes writes: a standby in recovery answers reads
+    /// but refuses every write, so a broker on one is unavailable.
     pub async fn ping(&self) -> Result<(), BrokerError> {
-        self.core.client().await?.simple_query("SELECT 1").await?;
+        let state = self.database_state().await?;
+        if state.in_recovery {
+            return Err(BrokerError::Unavailable(format!(
+                "the database server {} is a standby in recovery and refuses writes; waiting \
+                 for a writable primary",
+                state.host
+            )));
+        }
         Ok(())
+    }
+
+    /// Which server a pooled connection reaches, and whether it is a standby.
+    pub async fn database_state(&self) -> Result<db::sql::ServerStateRow, BrokerError> {
+        let client = self.core.client().await?;
+        Ok(db::sql::fetch_one(&client, &db::sql::ServerState {}).await?)
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use futures_util::future;
 use tokio_postgres::{AsyncMessage, NoTls};
 
+use crate::db::sql::{ServerState, Statement};
 use crate::WorkSignals;
 
 /// The channel that `sql/notify_work_ready.sql` notifies, with the service as payload.
@@ -15,27 +16,62 @@ const WORK_READY: &str = "fairway_work_ready";
 /// with the job id as payload.
 const JOB_FINISHED: &str = "fairway_job_finished";
 
+/// The longest pause between two attempts to reconnect.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
 /// Keeps one connection listening for work and job notifications and forwards them to `signals`,
-/// reconnecting when it drops. After every (re)connect all waiters are woken, since
-/// notifications sent while disconnected are lost.
+/// reconnecting when it drops, to whichever host the configuration finds (with several hosts
+/// and `target_session_attrs=read-write`, the primary after a failover). After every
+/// (re)connect all waiters are woken, since notifications sent while disconnected are lost.
+/// It logs once per change: connected to which host, or lost, not at every failed attempt.
 pub async fn listen_for_work(config: tokio_postgres::Config, signals: WorkSignals) {
     let mut backoff = Duration::from_millis(100);
+    let mut lost_logged = false;
     loop {
-        match listen_once(&config, &signals).await {
-            Ok(()) => tracing::warn!("work notification connection closed; reconnecting"),
-            Err(error) => {
-                tracing::warn!(%error, "work notification connection failed; reconnecting")
+        let outcome = listen_once(&config, &signals).await;
+        if outcome.connected {
+            // A connection that was up starts the next round of attempts from the shortest
+            // pause, so that a failover long after the last one is followed at once.
+            backoff = Duration::from_millis(100);
+            lost_logged = false;
+        }
+        if !lost_logged {
+            match &outcome.error {
+                None => tracing::warn!("work notification connection closed; reconnecting"),
+                Some(error) => {
+                    tracing::warn!(%error, "work notification connection failed; reconnecting")
+                }
             }
+            lost_logged = true;
         }
         signals.wake_all();
         tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 
-async fn listen_once(
+/// How one connection ended: whether it had got as far as listening, and its error if any.
+struct Outcome {
+    connected: bool,
+    error: Option<String>,
+}
+
+async fn listen_once(config: &tokio_postgres::Config, signals: &WorkSignals) -> Outcome {
+    let mut connected = false;
+    let error = listen(config, signals, &mut connected).await.err().map(|error| {
+        // A standby refuses LISTEN: say so rather than relay only the SQLSTATE.
+        match error.as_db_error() {
+            Some(db) => format!("{} ({})", db.message(), db.code().code()),
+            None => error.to_string(),
+        }
+    });
+    Outcome { connected, error }
+}
+
+async fn listen(
     config: &tokio_postgres::Config,
     signals: &WorkSignals,
+    connected: &mut bool,
 ) -> Result<(), tokio_postgres::Error> {
     let (client, mut connection) = config.connect(NoTls).await?;
     let (sender, mut messages) = tokio::sync::mpsc::unbounded_channel();
@@ -54,6 +90,10 @@ async fn listen_once(
         }
     });
     client.batch_execute(&format!("LISTEN {WORK_READY}; LISTEN {JOB_FINISHED}")).await?;
+    *connected = true;
+    let state = client.query_one(ServerState::SQL, &ServerState {}.params()).await?;
+    let host: String = state.try_get("host")?;
+    tracing::info!(host, "work notification connection listening");
     signals.wake_all();
     while let Some(message) = messages.recv().await {
         if let AsyncMessage::Notification(notification) = message {

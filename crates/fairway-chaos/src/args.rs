@@ -16,6 +16,16 @@ pub struct ChaosArgs {
     #[arg(long, env = "FAIRWAY_PG_BIN")]
     pub pg_bin: Option<PathBuf>,
 
+    /// Data directory of the synchronous standby the suite makes afresh each run with
+    /// pg_basebackup, and promotes when it kills the primary.
+    #[arg(long, default_value = "target/chaos-standby")]
+    pub standby_dir: PathBuf,
+
+    /// Give the brokers only the primary's host, not both: the failover then strands them,
+    /// which shows the scenario failing when broken.
+    #[arg(long, hide = true)]
+    pub single_host_url: bool,
+
     /// Where the brokers' logs, the workers' record and the figures go.
     #[arg(long, default_value = "target/chaos")]
     pub out: PathBuf,

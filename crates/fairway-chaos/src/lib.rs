@@ -25,7 +25,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 
 use crate::args::ChaosArgs;
-use crate::sql::{ITEM_TOTALS, JOB_OUTCOMES};
+use crate::sql::{ITEM_TOTALS, JOB_OUTCOMES, LOST_CLAIMS, LOST_ENDINGS, LOST_JOBS};
 use drive::{Record, Refusal};
 use fairway_api::model::JobStatus;
 use fairway_broker::db::{self, DbError};
@@ -39,6 +39,12 @@ pub const SERVICES: [&str; 3] = ["chaos-a", "chaos-b", "chaos-c"];
 /// A service no worker serves: only the abandoned long polls wait on it.
 const IDLE_SERVICE: &str = "chaos-idle";
 const DATABASE: &str = "fairway_chaos";
+/// The cluster_name of the suite's primary and of its synchronous standby.
+const PRIMARY_NAME: &str = "chaos_primary";
+const STANDBY_NAME: &str = "chaos_standby";
+/// Longest wait, after the primary is killed and the standby promoted, for every broker to be
+/// ready on the new primary.
+const FAILOVER_LIMIT: Duration = Duration::from_secs(30);
 const BROKERS: usize = 3;
 /// Longest wait for a broker to answer /readyz after it starts.
 const READY_LIMIT: Duration = Duration::from_secs(60);
@@ -137,10 +143,36 @@ pub async fn run(args: ChaosArgs) -> Result<(), ChaosError> {
             std::fs::remove_file(entry.path())?;
         }
     }
-    let server = EmbeddedPostgres::start(Some(&args.data_dir), args.pg_bin.as_deref()).await?;
-    let outcome =
-        if args.soak { soak::run(&args, &server).await } else { suite(&args, &server).await };
-    server.stop().await?;
+    if args.soak {
+        let server = EmbeddedPostgres::start(Some(&args.data_dir), args.pg_bin.as_deref()).await?;
+        let outcome = soak::run(&args, &server).await;
+        server.stop().await?;
+        return outcome;
+    }
+    // A primary that waits for its one standby to confirm each commit, as production does.
+    let mut server = EmbeddedPostgres::start_with_settings(
+        Some(&args.data_dir),
+        args.pg_bin.as_deref(),
+        &[
+            ("cluster_name", PRIMARY_NAME),
+            ("synchronous_standby_names", STANDBY_NAME),
+            ("synchronous_commit", "on"),
+        ],
+    )
+    .await?;
+    let standby =
+        match EmbeddedPostgres::start_standby(&server, &args.standby_dir, STANDBY_NAME).await {
+            Ok(standby) => standby.ephemeral(),
+            Err(error) => {
+                server.stop().await?;
+                return Err(error.into());
+            }
+        };
+    let outcome = suite(&args, &mut server, &standby).await;
+    // The killed primary is never started again; stop has nothing to do for it then.
+    let stopped = server.stop().await;
+    standby.stop().await?;
+    stopped?;
     outcome
 }
 
@@ -160,6 +192,7 @@ impl Brokers {
     pub async fn start(
         args: &ChaosArgs,
         server: &EmbeddedPostgres,
+        database_url: String,
         extra: &[String],
     ) -> Result<Self, ChaosError> {
         let admin = fairway_devdb::parse_config(&server.connection_string("postgres"))?;
@@ -174,7 +207,7 @@ impl Brokers {
             .collect::<Result<Vec<_>, _>>()?;
         let mut brokers = Self {
             exe: std::env::current_exe()?,
-            database_url: server.connection_string(DATABASE),
+            database_url,
             out: args.out.clone(),
             extra: [
                 vec!["--lease".to_owned(), humantime::format_duration(args.lease).to_string()],
@@ -222,11 +255,16 @@ impl Brokers {
 
     /// Waits until broker `index` answers /readyz; returns how long that took.
     pub async fn ready(&self, index: usize) -> Result<Duration, ChaosError> {
+        self.ready_within(index, READY_LIMIT).await
+    }
+
+    /// As [`Brokers::ready`], giving up after `limit`.
+    async fn ready_within(&self, index: usize, limit: Duration) -> Result<Duration, ChaosError> {
         let started = Instant::now();
         loop {
             match self.clients[index].ready().await {
                 Ok(()) => return Ok(started.elapsed()),
-                Err(error) if started.elapsed() > READY_LIMIT => {
+                Err(error) if started.elapsed() > limit => {
                     return Err(ChaosError::Setup(format!(
                         "broker {index} never became ready: {error}"
                     )))
@@ -370,13 +408,34 @@ struct Figures {
     status_503_after_faults: usize,
     other_errors: usize,
     faults: Vec<Fault>,
+    failover: FailoverFigures,
 }
 
-async fn suite(args: &ChaosArgs, server: &EmbeddedPostgres) -> Result<(), ChaosError> {
+/// What the failover cost: from the kill of the primary to the first claim answered on the
+/// promoted standby, and to every broker ready; the 503s answered in between.
+#[derive(Debug, Serialize)]
+struct FailoverFigures {
+    promoted_s: f64,
+    first_claim_s: Option<f64>,
+    all_ready_s: f64,
+    status_503: usize,
+}
+
+async fn suite(
+    args: &ChaosArgs,
+    server: &mut EmbeddedPostgres,
+    standby: &EmbeddedPostgres,
+) -> Result<(), ChaosError> {
     let started = Instant::now();
-    let mut brokers = Brokers::start(args, server, &[]).await?;
-    let pool =
-        db::pool::connect(fairway_devdb::parse_config(&server.connection_string(DATABASE))?, 2)?;
+    let failover_url = EmbeddedPostgres::failover_connection_string(&[server, standby], DATABASE);
+    let broker_url = if args.single_host_url {
+        server.connection_string(DATABASE)
+    } else {
+        failover_url.clone()
+    };
+    let mut brokers = Brokers::start(args, server, broker_url, &[]).await?;
+    // The suite's own reads follow the primary too, to check the promoted database.
+    let pool = db::pool::connect(fairway_devdb::parse_config(&failover_url)?, 2)?;
     let load = Load::new(brokers.clients.clone());
     let mut drive = Drive::start(&brokers, args, DIE_PER_MILLE)?;
     let producers = load.start(PACE);
@@ -459,6 +518,41 @@ async fn suite(args: &ChaosArgs, server: &EmbeddedPostgres) -> Result<(), ChaosE
         Some(orphaned.1),
         "their leases released",
     ));
+
+    // The failover, last: kill -9 of the primary's postmaster under load, then the standby
+    // promoted; the old primary is never started again.
+    let killed_ms = now_ms();
+    let killed = Instant::now();
+    server.kill()?;
+    standby.promote().await?;
+    let promoted = killed.elapsed();
+    let promoted_ms = now_ms();
+    faults.push(report_fault(
+        "primary kill -9, standby promoted".to_owned(),
+        Some(promoted),
+        "standby promoted",
+    ));
+    for index in 0..BROKERS {
+        if let Err(error) = brokers.ready_within(index, FAILOVER_LIMIT).await {
+            brokers.stop().await;
+            return Err(ChaosError::Failed(vec![format!(
+                "after the primary was killed and the standby promoted: {error}"
+            )]));
+        }
+    }
+    let all_ready = killed.elapsed();
+    faults.push(report_fault(
+        "primary kill -9, standby promoted".to_owned(),
+        Some(all_ready),
+        "every broker ready",
+    ));
+    let flowing = progress_after(&pool, item_totals(&pool).await?.1, READY_LIMIT).await;
+    faults.push(report_fault(
+        "primary kill -9, standby promoted".to_owned(),
+        flowing.map(|at| at - killed),
+        "items completing again",
+    ));
+    // Every broker is back on the new primary: from here on no 503 is excused.
     let faults_end = now_ms();
     drive.calm().await?;
     // Faults that heal fast leave a short run: the work goes on, without faults, until the
@@ -511,6 +605,7 @@ async fn suite(args: &ChaosArgs, server: &EmbeddedPostgres) -> Result<(), ChaosE
             failures.push(format!("{count} job(s) in the database ended {status}"));
         }
     }
+    failures.extend(lost_acknowledged(&pool, &tracked, &record).await?);
     let consistency = brokers.clients[0].consistency().await?;
     if !consistency.consistent {
         failures.push(format!(
@@ -546,6 +641,22 @@ async fn suite(args: &ChaosArgs, server: &EmbeddedPostgres) -> Result<(), ChaosE
     brokers.stop().await;
 
     let (items, _, reattempts) = item_totals(&pool).await?;
+    let failover = FailoverFigures {
+        promoted_s: promoted.as_secs_f64(),
+        // Only the promoted standby can have answered a claim received after its promotion.
+        first_claim_s: record
+            .claims
+            .iter()
+            .map(|claim| claim.at_ms)
+            .filter(|at_ms| *at_ms >= promoted_ms)
+            .min()
+            .map(|at_ms| at_ms.saturating_sub(killed_ms) as f64 / 1000.0),
+        all_ready_s: all_ready.as_secs_f64(),
+        status_503: refused
+            .iter()
+            .filter(|refusal| refusal.status == 503 && refusal.at_ms >= killed_ms)
+            .count(),
+    };
     let figures = Figures {
         duration_s: started.elapsed().as_secs_f64(),
         jobs: outcomes.iter().map(|(_, count)| count).sum(),
@@ -566,6 +677,7 @@ async fn suite(args: &ChaosArgs, server: &EmbeddedPostgres) -> Result<(), ChaosE
             .filter(|refusal| refusal.status != 0 && refusal.status != 503)
             .count(),
         faults,
+        failover,
     };
     print_figures(&figures);
     std::fs::write(args.out.join("figures.json"), serde_json::to_vec_pretty(&figures)?)?;
@@ -576,6 +688,50 @@ async fn suite(args: &ChaosArgs, server: &EmbeddedPostgres) -> Result<(), ChaosE
     } else {
         Err(ChaosError::Failed(failures))
     }
+}
+
+/// What the promoted database lacks of what the brokers acknowledged: jobs whose submission
+/// was answered 2xx, claims' leases, accepted successes. Synchronous replication promises none.
+async fn lost_acknowledged(
+    pool: &deadpool_postgres::Pool,
+    tracked: &[load::Tracked],
+    record: &Record,
+) -> Result<Vec<String>, ChaosError> {
+    let client = pool.get().await?;
+    let mut failures = Vec::new();
+    let jobs: Vec<uuid::Uuid> = tracked.iter().map(|job| job.job.0).collect();
+    let lost = sql::query(&client, LOST_JOBS, &[&jobs]).await?;
+    if let Some(first) = lost.first() {
+        let job: uuid::Uuid = first.try_get(0)?;
+        failures.push(format!(
+            "{} acknowledged job(s) are not in the promoted database, e.g. {job}",
+            lost.len()
+        ));
+    }
+    let pairs = |pairs: Vec<(i64, i32)>| -> (Vec<i64>, Vec<i32>) { pairs.into_iter().unzip() };
+    let (items, attempts) =
+        pairs(record.claims.iter().map(|claim| (claim.item, claim.attempt)).collect());
+    let lost = sql::query(&client, LOST_CLAIMS, &[&items, &attempts]).await?;
+    if let Some(first) = lost.first() {
+        let (item, attempt): (i64, i32) = (first.try_get(0)?, first.try_get(1)?);
+        failures.push(format!(
+            "{} acknowledged claim(s) have no lease in the promoted database, e.g. item {item} \
+             attempt {attempt}",
+            lost.len()
+        ));
+    }
+    let (items, attempts) =
+        pairs(record.accepted.iter().map(|accepted| (accepted.item, accepted.attempt)).collect());
+    let lost = sql::query(&client, LOST_ENDINGS, &[&items, &attempts]).await?;
+    if let Some(first) = lost.first() {
+        let (item, attempt): (i64, i32) = (first.try_get(0)?, first.try_get(1)?);
+        failures.push(format!(
+            "{} accepted success(es) are not in the promoted database, e.g. item {item} \
+             attempt {attempt}",
+            lost.len()
+        ));
+    }
+    Ok(failures)
 }
 
 fn report_fault(fault: String, recovered: Option<Duration>, what: &str) -> Fault {
@@ -686,6 +842,17 @@ fn print_figures(figures: &Figures) {
             None => println!("  {:<34}  never    {}", fault.fault, fault.recovered),
         }
     }
+    let failover = &figures.failover;
+    println!("  failover (primary kill -9, synchronous standby promoted):");
+    println!("    standby promoted          {:>6.2} s after the kill", failover.promoted_s);
+    match failover.first_claim_s {
+        Some(seconds) => {
+            println!("    first claim on it         {seconds:>6.2} s after the kill")
+        }
+        None => println!("    first claim on it          never"),
+    }
+    println!("    every broker ready        {:>6.2} s after the kill", failover.all_ready_s);
+    println!("    503s since the kill       {:>6}", failover.status_503);
 }
 
 /// Starts a `fairway worker` whose command outlives the lease, waits until its command runs,

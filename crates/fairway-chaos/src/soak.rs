@@ -81,7 +81,8 @@ fn fair_order_bound(first_half_max: i64) -> i64 {
 pub async fn run(args: &ChaosArgs, server: &EmbeddedPostgres) -> Result<(), ChaosError> {
     // Finished jobs are pruned after a minute, so that the backlog is steady too.
     let extra = ["--retention", "1m", "--prune-interval", "10s"].map(str::to_owned);
-    let mut brokers = Brokers::start(args, server, &extra).await?;
+    let mut brokers =
+        Brokers::start(args, server, server.connection_string(DATABASE), &extra).await?;
     let config = fairway_devdb::parse_config(&server.connection_string(DATABASE))?;
     let pool = db::pool::connect(config, 2)?;
     let load = Load::new(brokers.clients.clone());

@@ -5,6 +5,9 @@ fairway_broker::statements! {
     "chaos/";
     ITEM_TOTALS = "item_totals";
     JOB_OUTCOMES = "job_outcomes";
+    LOST_CLAIMS = "lost_claims";
+    LOST_ENDINGS = "lost_endings";
+    LOST_JOBS = "lost_jobs";
     RELATION_SIZES = "relation_sizes";
 }
 

@@ -108,6 +108,9 @@ pub enum EmbeddedError {
     )]
     Start { data_dir: PathBuf, status: String, output: String, log: PathBuf, log_tail: String },
 
+    #[error("pg_basebackup into {} failed ({status}):\n{output}", data_dir.display())]
+    Basebackup { data_dir: PathBuf, status: String, output: String },
+
     #[error(
         "pg_ctl reports a server running on {}, but its postmaster.pid is unusable ({detail}); \
          if no server is running there, remove postmaster.pid and retry",
@@ -218,6 +221,10 @@ pub struct EmbeddedPostgres {
     created_dirs: Vec<PathBuf>,
     /// A socket directory outside the data directory (path-length fallback) to remove on stop.
     external_socket_dir: Option<PathBuf>,
+    /// Server settings beyond `SERVER_SETTINGS`, as (name, value).
+    settings: Vec<(String, String)>,
+    /// Its postmaster was killed ([`EmbeddedPostgres::kill`]): nothing is left to stop.
+    killed: bool,
     stopped: bool,
 }
 
@@ -231,7 +238,149 @@ impl EmbeddedPostgres {
         data_dir: Option<&Path>,
         pg_bin: Option<&Path>,
     ) -> Result<Self, EmbeddedError> {
-        Self::start_inner(data_dir, pg_bin, false).await
+        Self::start_inner(data_dir, pg_bin, false, Vec::new()).await
+    }
+
+    /// As [`EmbeddedPostgres::start`], with server settings beyond the defaults, as (name,
+    /// value): a primary's `synchronous_standby_names`, say. A server found already running
+    /// keeps the settings it has.
+    pub async fn start_with_settings(
+        data_dir: Option<&Path>,
+        pg_bin: Option<&Path>,
+        settings: &[(&str, &str)],
+    ) -> Result<Self, EmbeddedError> {
+        let settings =
+            settings.iter().map(|(name, value)| (name.to_string(), value.to_string())).collect();
+        Self::start_inner(data_dir, pg_bin, false, settings).await
+    }
+
+    /// A streaming standby of `primary`, made afresh in `data_dir` (whatever it held is
+    /// deleted) with `pg_basebackup -R` and started as a hot standby named `name`: its
+    /// `cluster_name`, which the primary's `synchronous_standby_names` can name, since the
+    /// standby's WAL receiver uses it as its application name.
+    pub async fn start_standby(
+        primary: &EmbeddedPostgres,
+        data_dir: &Path,
+        name: &str,
+    ) -> Result<Self, EmbeddedError> {
+        let data_dir = std::path::absolute(data_dir).map_err(|source| EmbeddedError::Io {
+            action: "resolve",
+            path: data_dir.to_path_buf(),
+            source,
+        })?;
+        if data_dir.join("PG_VERSION").is_file() {
+            // A standby of an earlier run, maybe still running (promoted, or left behind).
+            let _ = primary
+                .tools
+                .output(
+                    "pg_ctl",
+                    &[
+                        "stop".as_ref(),
+                        "-D".as_ref(),
+                        data_dir.as_os_str(),
+                        "-m".as_ref(),
+                        "immediate".as_ref(),
+                        "-w".as_ref(),
+                    ],
+                )
+                .await;
+            std::fs::remove_dir_all(&data_dir).map_err(|source| EmbeddedError::Io {
+                action: "remove",
+                path: data_dir.clone(),
+                source,
+            })?;
+        }
+        let (data_dir, _) = prepare_data_dir(&data_dir, primary.tools.run_as.as_ref()).await?;
+        let port = primary.port.to_string();
+        let output = primary
+            .tools
+            .output(
+                "pg_basebackup",
+                &[
+                    "-D".as_ref(),
+                    data_dir.as_os_str(),
+                    "-h".as_ref(),
+                    primary.host.as_ref(),
+                    "-p".as_ref(),
+                    port.as_ref(),
+                    "-U".as_ref(),
+                    SUPERUSER.as_ref(),
+                    "-X".as_ref(),
+                    "stream".as_ref(),
+                    "-c".as_ref(),
+                    "fast".as_ref(),
+                    // standby.signal, and primary_conninfo naming the primary's socket.
+                    "-R".as_ref(),
+                ],
+            )
+            .await?;
+        if !output.status.success() {
+            return Err(EmbeddedError::Basebackup {
+                data_dir,
+                status: describe_status(output.status),
+                output: tail(&output_text(&output), TAIL_LINES),
+            });
+        }
+        // The copy carries the primary's socket directory (its lock file would stop the
+        // standby from starting) and log; neither is the standby's.
+        let _ = std::fs::remove_dir_all(data_dir.join(SOCKET_SUBDIR));
+        let _ = std::fs::remove_file(data_dir.join(LOG_FILE));
+        let settings = vec![
+            ("cluster_name".to_owned(), name.to_owned()),
+            // After the primary restarts, the standby is back within this, not the default 5 s
+            // during which a synchronous primary's commits wait.
+            ("wal_retrieve_retry_interval".to_owned(), "200ms".to_owned()),
+        ];
+        Self::start_inner(Some(&data_dir), Some(&primary.tools.bin_dir), false, settings).await
+    }
+
+    /// Promotes a standby to a primary (`pg_ctl promote -w`): it leaves recovery and takes
+    /// writes.
+    pub async fn promote(&self) -> Result<(), EmbeddedError> {
+        let log = self.data_dir.join(LOG_FILE);
+        let args: [&std::ffi::OsStr; 4] =
+            ["promote".as_ref(), "-w".as_ref(), "-D".as_ref(), self.data_dir.as_os_str()];
+        let output = self.tools.output("pg_ctl", &args).await?;
+        if !output.status.success() {
+            return Err(self.start_failed(&output, log));
+        }
+        Ok(())
+    }
+
+    /// `kill -9` of the postmaster, as a machine lost would leave it: no shutdown, no
+    /// checkpoint; its backends end on their own when they see it gone. The server is not
+    /// started again, and [`EmbeddedPostgres::stop`] then has nothing to stop.
+    pub fn kill(&mut self) -> Result<(), EmbeddedError> {
+        let pid_file = self.data_dir.join("postmaster.pid");
+        let text = std::fs::read_to_string(&pid_file).map_err(|source| EmbeddedError::Io {
+            action: "read",
+            path: pid_file.clone(),
+            source,
+        })?;
+        let pid = text.lines().next().and_then(|line| line.trim().parse::<i32>().ok()).ok_or_else(
+            || EmbeddedError::RunningServerUnknown {
+                data_dir: self.data_dir.clone(),
+                detail: "no pid on its first line".to_owned(),
+            },
+        )?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+            .map_err(|errno| EmbeddedError::Io {
+                action: "kill the postmaster of",
+                path: self.data_dir.clone(),
+                source: errno.into(),
+            })?;
+        self.killed = true;
+        Ok(())
+    }
+
+    /// The socket directory (or host) clients connect to.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The port clients connect to.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// Marks the server ephemeral: [`EmbeddedPostgres::stop`] deletes its data directory
@@ -250,6 +399,21 @@ impl EmbeddedPostgres {
             "host={} port={} user={} dbname={}",
             quote_conn_value(&self.host),
             self.port,
+            quote_conn_value(SUPERUSER),
+            quote_conn_value(dbname)
+        )
+    }
+
+    /// A connection string naming several servers, tried in turn for the one that takes
+    /// writes (`target_session_attrs=read-write`), as libpq does: brokers given it follow a
+    /// failover to the promoted standby.
+    pub fn failover_connection_string(servers: &[&EmbeddedPostgres], dbname: &str) -> String {
+        let hosts: Vec<&str> = servers.iter().map(|server| server.host.as_str()).collect();
+        let ports: Vec<String> = servers.iter().map(|server| server.port.to_string()).collect();
+        format!(
+            "host={} port={} user={} dbname={} target_session_attrs=read-write",
+            quote_conn_value(&hosts.join(",")),
+            ports.join(","),
             quote_conn_value(SUPERUSER),
             quote_conn_value(dbname)
         )
@@ -294,7 +458,7 @@ impl EmbeddedPostgres {
     /// is ephemeral. A server that was already running before `start` is left running.
     pub async fn stop(mut self) -> Result<(), EmbeddedError> {
         self.stopped = true;
-        if self.started_by_us {
+        if self.started_by_us && !self.killed {
             let output = self
                 .tools
                 .output(
@@ -391,6 +555,7 @@ impl EmbeddedPostgres {
         data_dir: Option<&Path>,
         pg_bin: Option<&Path>,
         ephemeral: bool,
+        settings: Vec<(String, String)>,
     ) -> Result<Self, EmbeddedError> {
         let run_as = if Uid::effective().is_root() {
             match User::from_name(SYSTEM_USER) {
@@ -425,6 +590,8 @@ impl EmbeddedPostgres {
             ephemeral,
             created_dirs,
             external_socket_dir: None,
+            settings,
+            killed: false,
             stopped: true, // nothing to stop until the server is up
             data_dir,
         };
@@ -477,7 +644,7 @@ impl EmbeddedPostgres {
         create_owned_dir(&socket_dir, self.tools.run_as.as_ref())?;
 
         let log = self.data_dir.join(LOG_FILE);
-        let options = server_options(&socket_dir, PORT);
+        let options = server_options(&socket_dir, PORT, &self.settings);
         let output = self
             .tools
             .output(
@@ -568,7 +735,7 @@ impl Drop for EmbeddedPostgres {
             return;
         }
         self.stopped = true;
-        if self.started_by_us {
+        if self.started_by_us && !self.killed {
             let status = self
                 .tools
                 .command("pg_ctl")
@@ -608,9 +775,13 @@ pub async fn run_command_with_postgres(args: &crate::PostgresArgs) -> Result<i32
         (None, true) => Some(fresh_ephemeral_dir()),
         (None, false) => None,
     };
-    let server =
-        EmbeddedPostgres::start_inner(data_dir.as_deref(), args.pg_bin.as_deref(), args.ephemeral)
-            .await?;
+    let server = EmbeddedPostgres::start_inner(
+        data_dir.as_deref(),
+        args.pg_bin.as_deref(),
+        args.ephemeral,
+        Vec::new(),
+    )
+    .await?;
 
     let outcome = run_child(&server, args, program, rest, &mut signals).await;
     let stopped = server.stop().await;
@@ -926,12 +1097,16 @@ const SERVER_SETTINGS: &str = "-c max_connections=200 -c shared_buffers=512MB -c
 
 /// The `-o` string for `pg_ctl start`. pg_ctl hands it to `/bin/sh`, hence the shell quoting;
 /// the socket directory is also double-quoted because the setting is a comma-separated list.
-fn server_options(socket_dir: &Path, port: u16) -> String {
+fn server_options(socket_dir: &Path, port: u16, settings: &[(String, String)]) -> String {
     let socket_list = format!("\"{}\"", socket_dir.to_string_lossy().replace('"', "\"\""));
-    format!(
+    let mut options = format!(
         "-c listen_addresses='' -c port={port} {SERVER_SETTINGS} -c unix_socket_directories={}",
         shell_quote(&socket_list)
-    )
+    );
+    for (name, value) in settings {
+        options.push_str(&format!(" -c {name}={}", shell_quote(value)));
+    }
+    options
 }
 
 fn shell_quote(value: &str) -> String {
@@ -1142,6 +1317,8 @@ mod tests {
             ephemeral: false,
             created_dirs: Vec::new(),
             external_socket_dir: None,
+            settings: Vec::new(),
+            killed: false,
             stopped: true,
         };
         let text = server.connection_string(r"we\ird db");
@@ -1178,7 +1355,7 @@ mod tests {
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
         assert_eq!(quote_ident(r#"a"b"#), r#""a""b""#);
         assert_eq!(
-            server_options(Path::new("/d/socket"), 5432),
+            server_options(Path::new("/d/socket"), 5432, &[]),
             format!(
                 r#"-c listen_addresses='' -c port=5432 {SERVER_SETTINGS} -c unix_socket_directories='"/d/socket"'"#
             )

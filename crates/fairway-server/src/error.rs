@@ -14,6 +14,10 @@ use fairway_broker::BrokerError;
 /// Retry-After, in seconds, of a request whose transaction kept deadlocking.
 const CONTENDED_RETRY_AFTER_SECONDS: u32 = 1;
 
+/// Retry-After, in seconds, of a request the database could not take (unreachable, or a
+/// standby refusing writes).
+const UNAVAILABLE_RETRY_AFTER_SECONDS: u32 = 1;
+
 /// Every error answer's body.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorBody {
@@ -149,6 +153,10 @@ impl ResponseError for ApiError {
         // Contention passes: the same request, sent again shortly, most likely goes through.
         if let Self::Broker(BrokerError::Contended { .. }) = self {
             response.insert_header((header::RETRY_AFTER, CONTENDED_RETRY_AFTER_SECONDS));
+        }
+        // A database away (a restart, a failover to the standby) is back within seconds.
+        if let Self::Broker(BrokerError::Unavailable(_)) = self {
+            response.insert_header((header::RETRY_AFTER, UNAVAILABLE_RETRY_AFTER_SECONDS));
         }
         response.json(ErrorBody { error: ErrorDetail { code: self.code(), message } })
     }

@@ -100,6 +100,7 @@ impl Application {
         let mut background = maintain(&broker, args);
         background.push(tokio::spawn(fairway_broker::listener::listen_for_work(config, signals)));
         background.push(tokio::spawn(refresh_auth(authenticator.clone())));
+        background.push(tokio::spawn(watch_database(broker.clone())));
 
         let port = listener
             .local_addr()
@@ -302,6 +303,51 @@ async fn reap(broker: Broker, interval: Duration) {
         if let Err(error) = broker.maintenance().fold_strategy_running().await {
             tracing::warn!(%error, "strategy running-count pass failed");
         }
+    }
+}
+
+/// How often the broker looks at which database server its pool reaches.
+const DATABASE_WATCH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What the broker's pool reaches, as the log reports it.
+#[derive(PartialEq)]
+enum DatabaseState {
+    Reached { host: String, writable: bool },
+    Unreachable,
+}
+
+/// Logs, once per change, which database server the pool reaches and whether it takes
+/// writes: an operator reads a failover in the log as unreachable, then the new primary.
+async fn watch_database(broker: Broker) {
+    let mut ticker = tokio::time::interval(DATABASE_WATCH_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = None;
+    loop {
+        ticker.tick().await;
+        let (state, error) = match broker.database_state().await {
+            Ok(row) => {
+                (DatabaseState::Reached { host: row.host, writable: !row.in_recovery }, None)
+            }
+            Err(error) => (DatabaseState::Unreachable, Some(error)),
+        };
+        if last.as_ref() == Some(&state) {
+            continue;
+        }
+        match (&state, error) {
+            (DatabaseState::Reached { host, writable: true }, _) => {
+                tracing::warn!(host, writable = true, "database server reached: a primary")
+            }
+            (DatabaseState::Reached { host, writable: false }, _) => tracing::warn!(
+                host,
+                writable = false,
+                "database server reached is a standby in recovery: not ready, writes answer 503"
+            ),
+            (DatabaseState::Unreachable, error) => tracing::warn!(
+                error = error.map(|error| error.to_string()),
+                "database unreachable: not ready, requests answer 503"
+            ),
+        }
+        last = Some(state);
     }
 }
 

@@ -20,8 +20,22 @@ const HISTORY_TABLE: &str = "fairway_schema_history";
 
 /// Applies pending migrations, then installs the server functions if the database holds an
 /// older set. Refuses a database whose schema this broker cannot vouch for, changing nothing.
+///
+/// A standby in recovery takes no writes, and holds whatever schema its primary has: the
+/// broker then leaves the schema alone and starts anyway, unready until it reaches a primary,
+/// rather than exit and be restarted over and over while a failover runs.
 pub async fn run(pool: &Pool) -> Result<(), DbError> {
     let mut client = pool.get().await.map_err(|error| DbError::Pool(error.to_string()))?;
+    let state = super::sql::fetch_one(&client, &super::sql::ServerState {}).await?;
+    if state.in_recovery {
+        tracing::warn!(
+            host = state.host,
+            writable = false,
+            "the database server is a standby in recovery: schema left as it is, not ready \
+             until a writable primary is reached"
+        );
+        return Ok(());
+    }
     let client: &mut tokio_postgres::Client = &mut client;
     client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK]).await?;
     let outcome = migrate(client).await;

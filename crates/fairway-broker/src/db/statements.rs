@@ -713,3 +713,17 @@ statement! {
         hash: &'a [u8],
     }
 }
+
+// The server itself.
+
+statement! {
+    /// Whether the server is a standby, and which it is.
+    ServerState = "server_state" -> ServerStateRow {}
+}
+
+row! {
+    ServerStateRow {
+        in_recovery: bool,
+        host: String,
+    }
+}

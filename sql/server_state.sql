@@ -1,0 +1,5 @@
+-- Whether the server this connection reached is a standby in recovery, which refuses every
+-- write, and which server it is, for the broker's log: its address and cluster_name.
+SELECT pg_is_in_recovery() AS in_recovery,
+       coalesce(host(inet_server_addr()) || ':' || inet_server_port(), 'local socket')
+           || coalesce(' (' || nullif(current_setting('cluster_name'), '') || ')', '') AS host;
