@@ -287,3 +287,24 @@ async fn the_demo_draws_three_users_converging_on_equal_shares() {
     assert_eq!(ready, 0);
     app.assert_consistent().await;
 }
+
+#[tokio::test]
+async fn submit_with_an_idempotency_key_creates_one_job_however_often_it_runs() {
+    let app = spawn_app().await;
+    let args = [
+        "submit",
+        "--user",
+        "alice",
+        "--service",
+        "svc",
+        "--item",
+        "{\"n\":1}",
+        "--idempotency-key",
+        "nightly-2024-05-01",
+    ];
+    let first = succeed(&app, &args).await;
+    let again = succeed(&app, &args).await;
+    assert_eq!(first, again, "the same job's id both times");
+    let jobs: i64 = app.db.query_one("SELECT count(*) FROM jobs", &[]).await.expect("jobs").get(0);
+    assert_eq!(jobs, 1);
+}

@@ -12,6 +12,7 @@ mod deploy;
 mod disconnects;
 mod fairness;
 mod helpers;
+mod idempotency;
 mod leases;
 mod lifecycle;
 mod longpoll;

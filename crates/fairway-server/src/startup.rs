@@ -233,6 +233,7 @@ pub fn broker(pool: Pool, args: &ServeArgs, signals: WorkSignals) -> Result<Brok
         batch_lanes: args.batches.batch_lanes.into(),
         batch_max: args.batches.batch_max.into(),
         long_poll_max: args.long_poll_max,
+        idempotency_ttl: args.idempotency_ttl,
     };
     let metrics = Metrics::new(args.metrics.metrics_refresh, args.metrics.metrics_tenant_label)
         .map_err(|error| StartupError::Metrics(error.to_string()))?;
