@@ -448,3 +448,24 @@ async fn admin_json_prints_the_apis_error_and_transport_errors_say_what_to_check
     let said = String::from_utf8_lossy(&output.await.expect("run fairway").stderr).into_owned();
     assert!(said.contains("not an http:// or https:// URL"), "{said}");
 }
+
+#[tokio::test]
+async fn submit_with_an_idempotency_key_creates_one_job_however_often_it_runs() {
+    let app = spawn_app().await;
+    let args = [
+        "submit",
+        "--user",
+        "alice",
+        "--service",
+        "svc",
+        "--item",
+        "{\"n\":1}",
+        "--idempotency-key",
+        "nightly-2024-05-01",
+    ];
+    let first = succeed(&app, &args).await;
+    let again = succeed(&app, &args).await;
+    assert_eq!(first, again, "the same job's id both times");
+    let jobs: i64 = app.db.query_one("SELECT count(*) FROM jobs", &[]).await.expect("jobs").get(0);
+    assert_eq!(jobs, 1);
+}

@@ -339,6 +339,7 @@ impl TestApp {
             "work_items",
             "queriers",
             "tenant_shards",
+            "idempotency_keys",
         ];
         for table in tables {
             let row = if table == "tenant_queues" { tenant_queue_row } else { "t" };

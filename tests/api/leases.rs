@@ -1,11 +1,11 @@
 //! Failures, retries, heartbeats and expired leases.
 
 use fairway_server::config::ServeArgs;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::helpers::{spawn_app, spawn_app_with};
+use crate::helpers::{spawn_app, spawn_app_with, spawn_broker, TestApp};
 
 #[tokio::test]
 async fn a_retryable_failure_is_retried_until_the_limit() {
@@ -163,4 +163,88 @@ async fn an_update_on_a_finished_item_is_refused() {
     assert_eq!(error["error"]["code"], "item_finished");
     assert_eq!(app.fingerprint().await, before);
     app.assert_consistent().await;
+}
+
+/// Sums a counter's samples in a broker's /metrics text.
+async fn counter_total(app: &TestApp, name: &str) -> f64 {
+    let text = app.get("/metrics").await.text().await.expect("metrics text");
+    text.lines()
+        .filter(|line| line.starts_with(name))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A node of 500 workers dies at once: three brokers' reapers, racing, put every lease back
+/// well within two seconds of its expiry, each exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn five_hundred_leases_expiring_together_are_back_within_two_seconds() {
+    const USERS: usize = 10;
+    const PER_USER: usize = 50;
+    const LEASES: i64 = (USERS * PER_USER) as i64;
+    let first = spawn_app().await;
+    let second = spawn_broker(ServeArgs::for_tests(), first.config.clone()).await;
+    let third = spawn_broker(ServeArgs::for_tests(), first.config.clone()).await;
+    for user in 0..USERS {
+        first.submit_simple(&format!("user-{user}"), "svc", PER_USER, true).await;
+    }
+    let mut held = 0;
+    for worker in 0..20 {
+        held += first
+            .claim_with(&format!("service=svc&querier=pod-{}&worker={worker}&max=25", worker % 4))
+            .await
+            .len();
+    }
+    assert_eq!(held as i64, LEASES);
+
+    // Every lease runs out at the same instant, a little ahead, as when a node's workers all
+    // stopped heartbeating together.
+    let expiry: std::time::SystemTime = first
+        .db
+        .query_one(
+            "WITH expiring AS (
+                 UPDATE work_items SET lease_expires_at = date_trunc('milliseconds', now())
+                                                          + interval '1500 milliseconds'
+                 RETURNING lease_expires_at)
+             SELECT max(lease_expires_at) FROM expiring",
+            &[],
+        )
+        .await
+        .expect("the node's leases run out together")
+        .get(0);
+    let ready = "SELECT count(*) FILTER (WHERE status = 'ready'), max(attempt) FROM work_items";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let back = loop {
+        let row = first.db.query_one(ready, &[]).await.expect("items");
+        if row.get::<_, i64>(0) == LEASES {
+            break std::time::SystemTime::now();
+        }
+        assert!(Instant::now() < deadline, "the expired leases never all came back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let took = back.duration_since(expiry).unwrap_or_default();
+    println!("{LEASES} expired leases back in {took:?} after their expiry");
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+
+    // Each lease was ended once, by one reaper: the brokers' counts add up to the leases, and
+    // every item is ready at its first attempt.
+    let row = first.db.query_one(ready, &[]).await.expect("items");
+    assert_eq!(row.get::<_, i32>(1), 1, "no item's attempt moved twice");
+    let mut expired = 0.0;
+    for app in [&first, &second, &third] {
+        expired += counter_total(app, "fairway_lease_expirations_total").await;
+    }
+    assert_eq!(expired, LEASES as f64, "each lease was released exactly once");
+    first.assert_consistent().await;
+
+    // And every item is claimable again, at its second attempt.
+    let mut again = 0;
+    for worker in 0..20 {
+        let items = second
+            .claim_with(&format!("service=svc&querier=pod-{}&worker={worker}&max=25", worker % 4))
+            .await;
+        assert!(items.iter().all(|item| item["attempt"] == 2));
+        again += items.len();
+    }
+    assert_eq!(again as i64, LEASES);
+    second.assert_consistent().await;
 }

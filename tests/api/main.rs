@@ -13,6 +13,7 @@ mod disconnects;
 mod failover;
 mod fairness;
 mod helpers;
+mod idempotency;
 mod leases;
 mod lifecycle;
 mod longpoll;

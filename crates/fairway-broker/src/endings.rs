@@ -392,7 +392,7 @@ impl Endings {
                     // back below, like any failed run.
                     #[cfg(feature = "fault-injection")]
                     self.core.faults.strike(crate::faults::Point::EndAttempts, &client).await?;
-                    self.grow_workflows(&client, endings, &recorded, &finished).await
+                    self.grow_workflows(&client, endings, &recorded, &finished, condition).await
                 }
                 .await
             }
@@ -444,6 +444,7 @@ impl Endings {
         endings: &[AttemptEnding],
         recorded: &[Recorded<'_>],
         finished: &[FinishedRow],
+        condition: LeaseCondition,
     ) -> Result<(Vec<Result<Answer, BrokerError>>, Vec<Ended>), BrokerError> {
         let mut outcomes: Vec<Option<Result<Answer, BrokerError>>> =
             endings.iter().map(|_| None).collect();
@@ -474,6 +475,10 @@ impl Endings {
         for (outcome, ending) in outcomes.into_iter().zip(endings) {
             answers.push(match outcome {
                 Some(outcome) => outcome,
+                // The reaper needs no reason: a lease another reaper or its worker ended first
+                // is simply not its to end, and reading each such item would cost a round trip
+                // per lease when reapers race over a dead node's leases.
+                None if condition == LeaseCondition::Expired => Err(lease_settled(ending.id)),
                 None => unapplied(tx, ending).await?,
             });
         }
@@ -584,6 +589,11 @@ impl Endings {
         }
         Ok((open_items == 0).then_some(job_id))
     }
+}
+
+/// An expired lease the reaper found already ended by someone else.
+fn lease_settled(id: WorkItemId) -> BrokerError {
+    BrokerError::conflict("stale_attempt", format!("work item {id} no longer holds that lease"))
 }
 
 fn item_not_found(id: WorkItemId) -> BrokerError {

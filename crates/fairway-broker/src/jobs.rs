@@ -11,10 +11,10 @@ use uuid::Uuid;
 use crate::core::Core;
 use crate::db::sql::{
     self, ApplyStepDeltas, ApplyTenantDeltas, CancelJobItems, CanceledItems, CountOutstanding,
-    CreateStepQueues, CreateTenant, CreateUser, GetJob, GetJobsSteps, InsertFirstStepItems,
-    InsertJob, InsertJobMetadata, InsertJobSteps, JobTenant, JobTenantRow, LockJobOwner,
-    LockTenantLimit, LockUser, NotifyJobFinished, NotifyWorkReady, Outstanding, ResumedService,
-    SetJobPaused, SetJobStatus, StepChange, TenantLimit,
+    CreateStepQueues, CreateTenant, CreateUser, FindIdempotencyKey, GetJob, GetJobsSteps,
+    InsertFirstStepItems, InsertJob, InsertJobMetadata, InsertJobSteps, JobTenant, JobTenantRow,
+    LockJobOwner, LockTenantLimit, LockUser, NotifyJobFinished, NotifyWorkReady, Outstanding,
+    RememberIdempotencyKey, ResumedService, SetJobPaused, SetJobStatus, StepChange, TenantLimit,
 };
 use crate::metrics::Finish;
 use crate::rows::{self, JobRow};
@@ -22,6 +22,7 @@ use crate::BrokerError;
 use fairway_api::model::{
     reject_nul, ComponentName, JobDocument, JobId, JobStatus, NewItem, NewJob, StepDocument,
 };
+use tokio_postgres::types::Json;
 
 /// Changes to a job step's item counts, applied with `apply_step_deltas.sql`.
 #[derive(Debug, Default, Clone, Copy)]
@@ -131,6 +132,41 @@ pub(super) async fn apply_step_deltas(
     Ok(job_open_items)
 }
 
+/// An Idempotency-Key as a submission carries it.
+pub struct IdempotencyKey {
+    /// Whose key it is: `token:<id>` with auth, else `user:<the job's user>`.
+    pub scope: String,
+    pub key: String,
+    /// SHA-256 of the request body's canonical JSON.
+    pub digest: Vec<u8>,
+}
+
+impl IdempotencyKey {
+    /// The key `key` of `scope` for a request whose body is `body`, compared by value: its
+    /// digest is taken over serde_json's canonical form (object keys sorted), so that key
+    /// order and spacing do not make two requests differ.
+    pub fn new(scope: String, key: String, body: &Value) -> Self {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(body.to_string().as_bytes()).to_vec();
+        Self { scope, key, digest }
+    }
+}
+
+/// What a submission did.
+pub enum Submission {
+    Created(JobId),
+    /// The key's first request was the same: its answer, and nothing was stored.
+    Replayed {
+        job_id: JobId,
+        response: Value,
+    },
+}
+
+/// The answer to a submission that created `job_id`, as a key remembers it.
+fn submitted(job_id: JobId) -> Value {
+    serde_json::json!({ "job_id": job_id, "status": JobStatus::Accepted })
+}
+
 /// Jobs as producers see them: submitting, appending, pausing, resuming and canceling; and (in
 /// `listing.rs`) their items, results and listings.
 #[derive(Clone)]
@@ -148,10 +184,36 @@ impl Jobs {
     /// Stores a job, its steps and its first step's items, all ready at once. Refused, with
     /// nothing stored, when the items would take the tenant past its max_outstanding.
     pub async fn submit_job(&self, job: &NewJob) -> Result<JobId, BrokerError> {
-        self.core.retrying("submit_job", move || self.submit_job_once(job)).await
+        match self.submit_job_once_keyed(job, None).await? {
+            Submission::Created(job_id) | Submission::Replayed { job_id, .. } => Ok(job_id),
+        }
     }
 
-    async fn submit_job_once(&self, job: &NewJob) -> Result<JobId, BrokerError> {
+    /// `submit_job`, remembering `key`: the same key with the same request again gets the
+    /// first answer (`Submission::Replayed`) and stores nothing; with another request, 409
+    /// `idempotency_key_reused`. A refused submission remembers nothing, so that it may be
+    /// sent again with its key.
+    pub async fn submit_job_keyed(
+        &self,
+        job: &NewJob,
+        key: &IdempotencyKey,
+    ) -> Result<Submission, BrokerError> {
+        self.submit_job_once_keyed(job, Some(key)).await
+    }
+
+    async fn submit_job_once_keyed(
+        &self,
+        job: &NewJob,
+        key: Option<&IdempotencyKey>,
+    ) -> Result<Submission, BrokerError> {
+        self.core.retrying("submit_job", move || self.submit_job_once(job, key)).await
+    }
+
+    async fn submit_job_once(
+        &self,
+        job: &NewJob,
+        key: Option<&IdempotencyKey>,
+    ) -> Result<Submission, BrokerError> {
         let job_id = JobId(Uuid::new_v4());
         let user = job.user.as_str();
         let tenant = job.tenant.as_str();
@@ -160,6 +222,13 @@ impl Jobs {
 
         let mut client = self.core.client().await?;
         let tx = client.transaction().await?;
+        if let Some(key) = key {
+            // First, before the user's row: a concurrent request with the same key waits here
+            // holding nothing, so this wait joins no cycle (docs/design.md, the lock order).
+            if let Some(replay) = self.remember_key(&tx, key, job_id).await? {
+                return Ok(replay);
+            }
+        }
         sql::run(&tx, &CreateUser { user }).await?;
         sql::fetch_opt(&tx, &LockUser { user }).await?;
         sql::run(&tx, &CreateTenant { tenant }).await?;
@@ -189,7 +258,51 @@ impl Jobs {
         #[cfg(feature = "fault-injection")]
         self.core.faults.strike(crate::faults::Point::SubmitJob, &tx).await?;
         tx.commit().await?;
-        Ok(job_id)
+        Ok(Submission::Created(job_id))
+    }
+
+    /// Takes `key` for a submission that creates `job_id`; or, when the key is live already,
+    /// its first answer (the same request) or 409 (another request).
+    async fn remember_key(
+        &self,
+        tx: &impl GenericClient,
+        key: &IdempotencyKey,
+        job_id: JobId,
+    ) -> Result<Option<Submission>, BrokerError> {
+        let response = submitted(job_id);
+        let ttl_millis =
+            i64::try_from(self.core.settings.idempotency_ttl.as_millis()).unwrap_or(i64::MAX);
+        let remember = RememberIdempotencyKey {
+            scope: &key.scope,
+            key: &key.key,
+            request_digest: &key.digest,
+            job_id: job_id.0,
+            response: Json(&response),
+            ttl_millis,
+        };
+        if sql::fetch_opt(tx, &remember).await?.is_some() {
+            return Ok(None);
+        }
+        let find = FindIdempotencyKey { scope: &key.scope, key: &key.key };
+        match sql::fetch_opt(tx, &find).await? {
+            Some(first) if first.request_digest == key.digest => Ok(Some(Submission::Replayed {
+                job_id: JobId(first.job_id),
+                response: first.response.0,
+            })),
+            Some(_) => Err(BrokerError::conflict(
+                "idempotency_key_reused",
+                format!(
+                    "Idempotency-Key {:?} was used with another request; use a new key for a \
+                     new job",
+                    key.key
+                ),
+            )),
+            // It expired between the two statements: the request may simply be sent again.
+            None => Err(BrokerError::conflict(
+                "idempotency_key_expired",
+                format!("Idempotency-Key {:?} expired just now; send the request again", key.key),
+            )),
+        }
     }
 
     /// Adds ready items to the first step of an unfinished job, for producers that discover

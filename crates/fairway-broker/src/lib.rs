@@ -37,7 +37,7 @@ use batch::Batches;
 pub use claims::Claims;
 pub use endings::Endings;
 pub use error::BrokerError;
-pub use jobs::Jobs;
+pub use jobs::{IdempotencyKey, Jobs, Submission};
 pub use maintenance::Maintenance;
 pub use signals::WorkSignals;
 pub use tenancy::Tenancy;
@@ -61,6 +61,8 @@ pub struct BrokerSettings {
     pub batch_max: usize,
     /// Longest a long poll is held, whatever the request asks.
     pub long_poll_max: Duration,
+    /// How long a submission's Idempotency-Key is remembered.
+    pub idempotency_ttl: Duration,
 }
 
 /// The broker: cheap to clone, shared by every request handler and background task. It owns

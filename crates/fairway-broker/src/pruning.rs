@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::db::sql::{self, FindPrunableJobs, LockPruner, PruneItems, PruneJobs};
+use crate::db::sql::{
+    self, FindPrunableJobs, LockPruner, PruneIdempotencyKeys, PruneItems, PruneJobs,
+};
 use crate::{BrokerError, Maintenance};
 use fairway_api::model::{JobId, JobStatus};
 
@@ -63,7 +65,28 @@ impl Maintenance {
             pruned.items += batch.items;
             pruned.jobs.extend(batch.jobs);
         }
+        while let Some(deleted) = self.prune_keys_batch().await? {
+            tracing::info!(deleted, "pruned expired idempotency keys");
+        }
         Ok(pruned)
+    }
+
+    /// Deletes a batch of expired Idempotency-Keys under the pruner's lock; None when none is
+    /// left or another broker is pruning.
+    async fn prune_keys_batch(&self) -> Result<Option<i64>, BrokerError> {
+        self.core
+            .retrying("prune_idempotency_keys", move || async move {
+                let mut client = self.core.client().await?;
+                let tx = client.transaction().await?;
+                if !sql::fetch_one(&tx, &LockPruner { lock: PRUNER_LOCK }).await?.locked {
+                    return Ok(None);
+                }
+                let prune = PruneIdempotencyKeys { limit: ITEMS_PER_BATCH };
+                let deleted = sql::fetch_one(&tx, &prune).await?.deleted;
+                tx.commit().await?;
+                Ok((deleted > 0).then_some(deleted))
+            })
+            .await
     }
 
     async fn prune_batch(&self, retention_ms: i64) -> Result<Batch, BrokerError> {

@@ -155,6 +155,12 @@ pub struct SubmitArgs {
     /// Synchronous: a person is waiting for it, so it goes before the user's async jobs.
     #[arg(long)]
     pub sync: bool,
+
+    /// Sent as the Idempotency-Key header (1 to 255 printable ASCII characters): running the
+    /// same command again with the same key prints the first job's id and creates no second
+    /// job, for as long as the broker's --idempotency-ttl.
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -245,6 +245,18 @@ impl Client {
         decode(self.request(Method::POST, "/jobs").json(job).send().await?).await
     }
 
+    /// Submits a job with an Idempotency-Key: sent again with the same key and job (a timeout
+    /// left it unknown whether the first arrived), it gets the first answer and creates no
+    /// second job.
+    pub async fn submit_idempotent(
+        &self,
+        job: &Value,
+        key: &str,
+    ) -> Result<Submitted, ClientError> {
+        let request = self.request(Method::POST, "/jobs").header("Idempotency-Key", key);
+        decode(request.json(job).send().await?).await
+    }
+
     pub async fn job(&self, job_id: JobId) -> Result<JobDocument, ClientError> {
         let path = format!("/jobs/{}", job_id.0);
         decode(self.request(Method::GET, &path).send().await?).await

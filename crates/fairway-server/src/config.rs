@@ -30,6 +30,12 @@ pub struct ServeArgs {
     #[arg(long, env = "FAIRWAY_MAX_RETRIES", default_value_t = 3)]
     pub max_retries: u32,
 
+    /// How long a submission's Idempotency-Key is remembered: the same request with the same
+    /// key within it gets the first answer again and creates nothing. Expired keys are
+    /// deleted by the pruner (--retention).
+    #[arg(long, env = "FAIRWAY_IDEMPOTENCY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub idempotency_ttl: Duration,
+
     /// How often the lease reaper looks for expired leases.
     #[arg(long, env = "FAIRWAY_REAP_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub reap_interval: Duration,
@@ -82,6 +88,7 @@ impl ServeArgs {
             first_lease: Duration::ZERO,
             max_retries: 3,
             reap_interval: Duration::from_secs(1),
+            idempotency_ttl: Duration::from_secs(24 * 60 * 60),
             querier_forget_delay: Duration::from_secs(60),
             shutdown_timeout: Duration::from_secs(20),
             max_body_bytes: 1024 * 1024,

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
@@ -20,7 +20,7 @@ use fairway_api::pages::{
 };
 use fairway_api::strategy::{parse_priority, Metadata};
 use fairway_broker::auth::Principal;
-use fairway_broker::Broker;
+use fairway_broker::{Broker, IdempotencyKey, Submission};
 
 /// The longest a producer may ask to wait for a job in one request, in seconds.
 const MAX_WAIT_SECONDS: u64 = 60;
@@ -154,20 +154,71 @@ pub struct Submitted {
     status: JobStatus,
 }
 
-/// Submit a job.
-#[utoipa::path(post, path = "/jobs", tag = "producers", request_body = JobBody, responses(
-    (status = 201, description = "Stored; its items are ready.", body = Submitted),
+/// The request header that makes a submission idempotent.
+const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
+
+/// The Idempotency-Key header, if any: 1 to 255 printable ASCII characters (space to `~`).
+fn idempotency_key(request: &HttpRequest) -> Result<Option<String>, ApiError> {
+    let Some(value) = request.headers().get(IDEMPOTENCY_KEY) else {
+        return Ok(None);
+    };
+    let invalid = || {
+        ApiError::bad_request(
+            "invalid_idempotency_key",
+            "Idempotency-Key must be 1 to 255 printable ASCII characters",
+        )
+    };
+    let bytes = value.as_bytes();
+    if bytes.is_empty() || bytes.len() > 255 || !bytes.iter().all(|b| (b' '..=b'~').contains(b)) {
+        return Err(invalid());
+    }
+    let key = std::str::from_utf8(bytes).map_err(|_| invalid())?;
+    Ok(Some(key.to_owned()))
+}
+
+/// Submit a job. With an `Idempotency-Key` header, the same request sent again with the same
+/// key (within --idempotency-ttl) gets the first answer, with `Idempotent-Replayed: true`, and
+/// creates nothing.
+#[utoipa::path(post, path = "/jobs", tag = "producers", request_body = JobBody,
+    params(("Idempotency-Key" = Option<String>, Header,
+        description = "1 to 255 printable ASCII characters; scoped to the token (auth off: to the job's user).")),
+    responses(
+    (status = 201, description = "Stored; its items are ready. Or, with `Idempotent-Replayed: true`, the first answer to this key.", body = Submitted),
+    (status = 400, description = "An invalid body or Idempotency-Key; nothing was stored.", body = ErrorBody),
+    (status = 409, description = "`idempotency_key_reused`: the key was used with another request; nothing was stored.", body = ErrorBody),
     (status = 429, description = "The tenant's waiting items would pass its max_outstanding; nothing was stored.", body = ErrorBody),
 ))]
 async fn submit_job(
     broker: web::Data<Broker>,
     Caller(principal): Caller,
-    body: web::Json<JobBody>,
+    request: HttpRequest,
+    body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {
-    let job = body.into_inner().validate()?;
+    let key = idempotency_key(&request)?;
+    let body = body.into_inner();
+    let job = serde_json::from_value::<JobBody>(body.clone())
+        .map_err(|error| {
+            ApiError::bad_request("invalid_body", format!("invalid request body: {error}"))
+        })?
+        .validate()?;
     check_tenant(&principal, job.tenant.as_str())?;
-    let job_id = broker.jobs().submit_job(&job).await?;
-    Ok(HttpResponse::Created().json(Submitted { job_id, status: JobStatus::Accepted }))
+    let Some(key) = key else {
+        let job_id = broker.jobs().submit_job(&job).await?;
+        return Ok(HttpResponse::Created().json(Submitted { job_id, status: JobStatus::Accepted }));
+    };
+    let scope = match principal.token_id() {
+        Some(token) => format!("token:{token}"),
+        None => format!("user:{}", job.user.as_str()),
+    };
+    let key = IdempotencyKey::new(scope, key, &body);
+    match broker.jobs().submit_job_keyed(&job, &key).await? {
+        Submission::Created(job_id) => {
+            Ok(HttpResponse::Created().json(Submitted { job_id, status: JobStatus::Accepted }))
+        }
+        Submission::Replayed { response, .. } => Ok(HttpResponse::Created()
+            .insert_header(("Idempotent-Replayed", "true"))
+            .json(response)),
+    }
 }
 
 /// Items to add to the first step of an unfinished job.

@@ -21,6 +21,10 @@ use fairway_broker::{Broker, BrokerError, BrokerSettings, WorkSignals};
 /// Expired leases examined per reaper pass.
 const REAP_BATCH: i64 = 500;
 
+/// Most reaper passes run back to back in one tick, so that the other duties of the tick still
+/// run while a very large backlog of expired leases drains.
+const REAP_PASSES: usize = 20;
+
 /// How often the queue waits of claimed items are read.
 const QUEUE_WAIT_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -258,6 +262,7 @@ pub fn broker(pool: Pool, args: &ServeArgs, signals: WorkSignals) -> Result<Brok
         batch_lanes: args.batches.batch_lanes.into(),
         batch_max: args.batches.batch_max.into(),
         long_poll_max: args.long_poll_max,
+        idempotency_ttl: args.idempotency_ttl,
     };
     let metrics = Metrics::new(args.metrics.metrics_refresh, args.metrics.metrics_tenant_label)
         .map_err(|error| StartupError::Metrics(error.to_string()))?;
@@ -289,10 +294,22 @@ async fn reap(broker: Broker, interval: Duration) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        match broker.maintenance().reap_expired_leases(REAP_BATCH).await {
-            Ok(0) => {}
-            Ok(reaped) => tracing::info!(reaped, "expired leases returned to the queue"),
-            Err(error) => tracing::warn!(%error, "lease reaper pass failed"),
+        // A full pass may have left more behind (a large node died): go again at once, so
+        // that thousands of leases do not take one --reap-interval per 500.
+        for _ in 0..REAP_PASSES {
+            match broker.maintenance().reap_expired_leases(REAP_BATCH).await {
+                Ok(0) => break,
+                Ok(reaped) => {
+                    tracing::info!(reaped, "expired leases returned to the queue");
+                    if reaped < REAP_BATCH as usize {
+                        break;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "lease reaper pass failed");
+                    break;
+                }
+            }
         }
         if let Err(error) = broker.tenancy().retire_queriers().await {
             tracing::warn!(%error, "querier membership pass failed");

@@ -17,6 +17,42 @@ use fairway_api::pages::ItemDocument;
 use fairway_api::tenancy::{QuerierDocument, TenantDocument};
 use fairway_api::tokens::TokenDocument;
 
+// Idempotent submissions.
+
+statement! {
+    /// Takes an Idempotency-Key for a submission, first in its transaction.
+    RememberIdempotencyKey<'a> = "remember_idempotency_key" -> Remembered {
+        scope: &'a str,
+        key: &'a str,
+        request_digest: &'a [u8],
+        job_id: Uuid,
+        response: Json<&'a Value>,
+        ttl_millis: i64,
+    }
+}
+
+row! {
+    Remembered {
+        remembered: bool,
+    }
+}
+
+statement! {
+    /// A live Idempotency-Key: what made it, and its answer.
+    FindIdempotencyKey<'a> = "find_idempotency_key" -> IdempotencyKeyRow {
+        scope: &'a str,
+        key: &'a str,
+    }
+}
+
+row! {
+    IdempotencyKeyRow {
+        job_id: Uuid,
+        request_digest: Vec<u8>,
+        response: Json<Value>,
+    }
+}
+
 // Claims.
 
 statement! {
@@ -574,6 +610,13 @@ statement! {
 row! {
     Deleted {
         deleted: i64,
+    }
+}
+
+statement! {
+    /// Deletes a batch of expired Idempotency-Keys.
+    PruneIdempotencyKeys = "prune_idempotency_keys" -> Deleted {
+        limit: i64,
     }
 }
 

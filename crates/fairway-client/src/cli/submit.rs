@@ -26,7 +26,11 @@ pub async fn run(args: SubmitArgs) -> Result<(), CliError> {
         }
         None => job_from_flags(&args)?,
     };
-    let submitted = client(&args.broker)?.submit(&job).await?;
+    let client = client(&args.broker)?;
+    let submitted = match &args.idempotency_key {
+        Some(key) => client.submit_idempotent(&job, key).await?,
+        None => client.submit(&job).await?,
+    };
     println!("{}", submitted.job_id.0);
     Ok(())
 }
