@@ -248,3 +248,33 @@ async fn five_hundred_leases_expiring_together_are_back_within_two_seconds() {
     assert_eq!(again as i64, LEASES);
     second.assert_consistent().await;
 }
+
+/// A broker judges no lease by its own clock: with its clock run on an hour (tokio's clock,
+/// which its reaper and every timer of it follow, as after a long pause or an outage of the
+/// database), a lease the database's clock has not seen run out is still held, and the worker's
+/// report applies.
+#[tokio::test]
+async fn a_broker_whose_clock_ran_on_expires_no_lease_the_database_has_not_seen_run_out() {
+    let args = ServeArgs { reap_interval: Duration::from_millis(50), ..ServeArgs::for_tests() };
+    let app = spawn_app_with(args).await;
+    app.submit_simple("alice", "svc", 1, true).await;
+    let item = app.claim("svc").await.expect("an item");
+
+    // Every timer of the broker that lives in this runtime fires as if an hour had gone by.
+    tokio::time::pause();
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    tokio::time::resume();
+    let reaped = app.broker.maintenance().reap_expired_leases(500).await.expect("a reaper pass");
+    assert_eq!(reaped, 0, "a lease was ended by the broker's clock");
+
+    let id = item["id"].as_i64().expect("an id");
+    let row = app
+        .db
+        .query_one("SELECT status::text, attempt FROM work_items WHERE id = $1", &[&id])
+        .await
+        .expect("the item");
+    let (status, attempt): (String, i32) = (row.get(0), row.get(1));
+    assert_eq!((status.as_str(), attempt), ("running", 1));
+    app.succeed(&item, json!([])).await;
+    app.assert_consistent().await;
+}
