@@ -54,6 +54,7 @@ const ROUTES: &[(&str, &str, &str, Scope)] = &[
     ("POST", "/jobs/{job_id}/items", "admin producer", Scope::TenantsJob),
     ("GET", "/jobs/{job_id}/items", "admin reader producer", Scope::TenantsJob),
     ("GET", "/jobs/{job_id}/results", "admin reader producer", Scope::TenantsJob),
+    ("POST", "/jobs/{job_id}/retry", "admin producer", Scope::TenantsJob),
     ("POST", "/jobs/{job_id}/{action}", "admin producer", Scope::TenantsJob),
     ("GET", "/work", "admin worker", Scope::Service),
     ("POST", "/work/{id}/status", "admin worker", Scope::OwnItem),
@@ -68,6 +69,7 @@ const ROUTES: &[(&str, &str, &str, Scope)] = &[
     ("GET", "/admin/tenants", "admin reader", Scope::None),
     ("GET", "/admin/tenants/{tenant}", "admin reader", Scope::None),
     ("PUT", "/admin/tenants/{tenant}", "admin", Scope::None),
+    ("POST", "/admin/jobs/{action}", "admin producer", Scope::TenantNamed),
     ("GET", "/admin/tokens", "admin", Scope::None),
     ("POST", "/admin/tokens", "admin", Scope::None),
     ("POST", "/admin/tokens/{id}/revoke", "admin", Scope::None),
@@ -150,6 +152,22 @@ impl World {
         body["work_items"][0].clone()
     }
 
+    /// A new job of `tenant` whose only item failed for good, on a service of its own so that
+    /// no other job's item is claimed in its place.
+    async fn failed_job(&self, tenant: &str) -> Uuid {
+        let service = format!("svc-r-{}", Uuid::new_v4().simple());
+        let job = self.app.submit(job(tenant, &service, 1)).await;
+        let path = format!("/work?service={service}&querier=pod-retry");
+        let response = self.send(Some(ADMIN_TOKEN), "GET", &path, None).await;
+        let body: Value = response.json().await.expect("JSON");
+        let item = &body["work_items"][0];
+        let failure = json!({ "status": "failed", "attempt": item["attempt"], "retryable": false });
+        let status = format!("/work/{}/status", item["id"]);
+        let response = self.send(Some(ADMIN_TOKEN), "POST", &status, Some(&failure)).await;
+        assert_eq!(response.status(), StatusCode::OK, "fail the item");
+        job
+    }
+
     /// The concrete request for a route, in scope or out of it, as `who` would send it.
     async fn request(&self, route: &str, method: &str, out: bool, who: Who) -> (String, Value) {
         let (tenant, job) = if out { ("globex", self.globex_job) } else { ("acme", self.acme_job) };
@@ -164,6 +182,9 @@ impl World {
             ("GET", "/jobs/{job_id}/items") => (format!("/jobs/{job}/items?limit=2"), nothing),
             ("GET", "/jobs/{job_id}/results") => (format!("/jobs/{job}/results"), nothing),
             ("POST", "/jobs/{job_id}/{action}") => (format!("/jobs/{job}/resume"), nothing),
+            ("POST", "/jobs/{job_id}/retry") => {
+                (format!("/jobs/{}/retry", self.failed_job(tenant).await), nothing)
+            }
             ("GET", "/work") => {
                 let service = if out { "svc-b" } else { "svc-a" };
                 (format!("/work?service={service}&querier=pod-{}", role_name(who)), nothing)
@@ -199,6 +220,10 @@ impl World {
                 ("/admin/tenants/acme".into(), json!({ "max_queriers": 0, "max_outstanding": 0 }))
             }
             ("POST", "/admin/tokens") => ("/admin/tokens".into(), json!({ "role": "reader" })),
+            // Resume, which leaves the world's unpaused jobs as they are.
+            ("POST", "/admin/jobs/{action}") => {
+                ("/admin/jobs/resume".into(), json!({ "tenant": tenant }))
+            }
             ("POST", "/admin/tokens/{id}/revoke") => {
                 let spare = make_token_document(&self.app, json!({ "role": "reader" })).await;
                 (format!("/admin/tokens/{}/revoke", spare["details"]["id"]), nothing)

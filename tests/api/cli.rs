@@ -90,6 +90,55 @@ async fn admin_steers_jobs_and_says_the_apis_error_with_a_failing_exit() {
 }
 
 #[tokio::test]
+async fn admin_retries_a_jobs_failed_items() {
+    let app = spawn_app().await;
+    let job = app.submit_simple("bob", "svc", 1, true).await;
+    let item = app.claim("svc").await.expect("item");
+    let failure = json!({ "status": "failed", "attempt": 1, "retryable": false });
+    assert_eq!(app.report(&item, failure).await.status(), 200);
+    let id = job.to_string();
+
+    let table = succeed(&app, &["admin", "jobs", "retry", &id]).await;
+    assert!(table.contains("retried 1 items") && table.contains("running"), "{table}");
+    let item = app.claim("svc").await.expect("the retried item");
+    assert_eq!(item["attempt"], 2);
+    let failure = json!({ "status": "failed", "attempt": 2, "retryable": false });
+    assert_eq!(app.report(&item, failure).await.status(), 200);
+    let retried: Value =
+        serde_json::from_str(&succeed(&app, &["admin", "--json", "jobs", "retry", &id]).await)
+            .expect("JSON");
+    assert_eq!((&retried["retried"], &retried["status"]), (&json!(1), &json!("running")));
+
+    let output = run(&app, &["admin", "jobs", "retry", &id]).await;
+    assert!(!output.status.success(), "nothing to retry fails the command");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("nothing_to_retry"), "{stderr}");
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn admin_applies_a_bulk_action_to_the_jobs_a_filter_matches() {
+    let app = spawn_app().await;
+    let alice = app.submit_simple("alice", "svc", 1, true).await;
+    let bob = app.submit_simple("bob", "svc", 1, true).await;
+    let table = succeed(&app, &["admin", "jobs", "bulk", "pause", "--user", "alice"]).await;
+    assert!(table.contains("matched 1 jobs, changed 1"), "{table}");
+    assert_eq!(app.job(alice).await["status"], "paused");
+    assert_eq!(app.job(bob).await["status"], "accepted");
+    let args = ["admin", "--json", "jobs", "bulk", "cancel", "--status", "accepted"];
+    let answer: Value = serde_json::from_str(&succeed(&app, &args).await).expect("JSON");
+    assert_eq!(answer, json!({ "matched": 1, "changed": 1 }));
+    assert_eq!(app.job(bob).await["status"], "canceled");
+
+    let output = run(&app, &["admin", "jobs", "bulk", "resume"]).await;
+    assert!(!output.status.success(), "no filter fails the command");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("empty_filter"), "{stderr}");
+    assert_eq!(app.job(alice).await["status"], "paused");
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
 async fn submit_takes_a_job_from_flags_or_from_a_file() {
     let app = spawn_app().await;
     let job = succeed(

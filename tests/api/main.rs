@@ -23,6 +23,7 @@ mod plans;
 mod pruning;
 mod repeats;
 mod results;
+mod retries;
 mod schema;
 mod shutdown;
 mod strategies;

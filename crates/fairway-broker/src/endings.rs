@@ -1,6 +1,7 @@
 //! Ending attempts: workers' status reports and heartbeats, repeated reports, claims whose
 //! answer reached no worker, and the reaper's expired leases, each batch in one transaction.
 
+use std::collections::HashMap;
 use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,8 +16,8 @@ use crate::batch::{answer_each, batch_index, in_batch, Batches};
 use crate::core::Core;
 use crate::db::sql::{
     self, AggregatePlan, AppliedEnding, DescribeItem, ExtendLease, FindExpiredLeases, FinishItems,
-    FinishedRow, InsertAggregateItem, InsertNextStepItems, ItemState, PlanAggregateItem,
-    RefreshJobStatus, Statement,
+    FinishedRow, InsertAggregateItem, InsertNextStepItems, ItemRetryBases, ItemState,
+    PlanAggregateItem, RefreshJobStatus, RetryBase, Statement,
 };
 use crate::jobs::{apply_step_deltas, create_step_queues, StepDeltas, TenantDeltas, TenantRow};
 use crate::metrics::{BatchKind, Finish};
@@ -347,7 +348,11 @@ impl Endings {
         // the order they are written.
         let finish_items = client.prepare_cached(FinishItems::SQL).await?;
         let ids: Vec<i64> = endings.iter().map(|ending| ending.id.0).collect();
-        let recorded: Vec<Recorded> = endings.iter().map(|ending| self.record(ending)).collect();
+        let bases = self.retry_bases(&client, endings).await?;
+        let recorded: Vec<Recorded> = endings
+            .iter()
+            .map(|ending| self.record(ending, bases.get(&ending.id.0).copied().unwrap_or(0)))
+            .collect();
         let attempts: Vec<i32> = endings.iter().map(|ending| ending.attempt).collect();
         let statuses: Vec<&str> = recorded.iter().map(|r| r.status.as_str()).collect();
         let results: Vec<Option<Json<&Vec<Value>>>> =
@@ -492,9 +497,33 @@ impl Endings {
         Ok((answers, released))
     }
 
-    /// What an ending records on its item: a retryable failure is a retry while retries last.
-    fn record<'a>(&self, ending: &'a AttemptEnding) -> Recorded<'a> {
-        let retry_allowed = i64::from(ending.attempt) <= i64::from(self.core.settings.max_retries);
+    /// The attempt each retry budget starts from (`retry_base`), read only for the endings
+    /// whose attempt is past --max-retries: an item an operator retried has a fresh budget,
+    /// and every other item's base is 0, so the common ending pays no extra round trip. A
+    /// running item's base cannot change, since only failed items are retried.
+    async fn retry_bases(
+        &self,
+        client: &impl GenericClient,
+        endings: &[AttemptEnding],
+    ) -> Result<HashMap<i64, i32>, BrokerError> {
+        let max_retries = i64::from(self.core.settings.max_retries);
+        let past_budget: Vec<i64> = endings
+            .iter()
+            .filter(|ending| i64::from(ending.attempt) > max_retries)
+            .map(|ending| ending.id.0)
+            .collect();
+        if past_budget.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let rows = sql::fetch_all(client, &ItemRetryBases { ids: &past_budget }).await?;
+        Ok(rows.into_iter().map(|RetryBase { id, retry_base }| (id, retry_base)).collect())
+    }
+
+    /// What an ending records on its item: a retryable failure is a retry while retries last,
+    /// counted from the attempt its budget starts at (`retry_base`).
+    fn record<'a>(&self, ending: &'a AttemptEnding, retry_base: i32) -> Recorded<'a> {
+        let counted = i64::from(ending.attempt) - i64::from(retry_base);
+        let retry_allowed = counted <= i64::from(self.core.settings.max_retries);
         match &ending.ending {
             Ending::Successful { results, component } => Recorded {
                 status: ItemStatus::Successful,

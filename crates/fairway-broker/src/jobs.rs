@@ -14,7 +14,8 @@ use crate::db::sql::{
     CreateStepQueues, CreateTenant, CreateUser, FindIdempotencyKey, GetJob, GetJobsSteps,
     InsertFirstStepItems, InsertJob, InsertJobMetadata, InsertJobSteps, JobTenant, JobTenantRow,
     LockJobOwner, LockTenantLimit, LockUser, NotifyJobFinished, NotifyWorkReady, Outstanding,
-    RememberIdempotencyKey, ResumedService, SetJobPaused, SetJobStatus, StepChange, TenantLimit,
+    RememberIdempotencyKey, ResumedService, RetriedItems, RetryJobItems, SetJobPaused,
+    SetJobStatus, StepChange, TenantLimit,
 };
 use crate::metrics::Finish;
 use crate::rows::{self, JobRow};
@@ -444,6 +445,72 @@ impl Jobs {
         }
         Ok(job)
     }
+
+    /// Puts every item of the job that failed for good back to ready at its next attempt,
+    /// with a fresh retry budget, and makes the job run again (a paused job stays paused).
+    /// Refused when nothing failed, for a canceled job, and when an aggregating step already
+    /// ran over inputs that retried items would change: its result could not be taken back.
+    pub async fn retry_job(&self, job_id: JobId) -> Result<RetriedJob, BrokerError> {
+        self.core.retrying("retry_job", move || self.retry_job_once(job_id)).await
+    }
+
+    async fn retry_job_once(&self, job_id: JobId) -> Result<RetriedJob, BrokerError> {
+        let mut client = self.core.client().await?;
+        let tx = client.transaction().await?;
+        // The owner first, as every change of a job's items (docs/design.md, the lock order).
+        lock_job_owner(&tx, job_id).await?;
+        let job = read_job(&tx, job_id).await?;
+        if job.status == JobStatus::Canceled {
+            return Err(BrokerError::conflict(
+                "job_canceled",
+                format!("cannot retry job {job_id}: it was canceled"),
+            ));
+        }
+        if job.steps.iter().all(|step| step.failed == 0) {
+            return Err(BrokerError::conflict(
+                "nothing_to_retry",
+                format!("job {job_id} has no failed items to retry"),
+            ));
+        }
+        let aggregated_early = job.steps.iter().enumerate().any(|(index, step)| {
+            step.aggregate
+                && step.total > 0
+                && job.steps[..index].iter().any(|earlier| earlier.failed > 0)
+        });
+        if aggregated_early {
+            return Err(BrokerError::conflict(
+                "aggregation_started",
+                format!(
+                    "cannot retry job {job_id}: an aggregating step already ran over the \
+                     results of the items that failed; submit a new job instead"
+                ),
+            ));
+        }
+        let mut tenant_deltas = TenantDeltas::default();
+        let mut retried = 0i64;
+        for RetriedItems { step_index: step, component, retried: count } in
+            sql::fetch_all(&tx, &RetryJobItems { job_id: job_id.0 }).await?
+        {
+            retried += i64::from(count);
+            let deltas = StepDeltas { ready: count, failed: -count, ..Default::default() };
+            let tenant_row = TenantRow::Later(&mut tenant_deltas);
+            apply_step_deltas(&tx, job_id, step, &component, deltas, tenant_row).await?;
+        }
+        tenant_deltas.apply(&tx).await?;
+        if job.status != JobStatus::Paused {
+            set_job_status(&tx, job_id, JobStatus::Running).await?;
+        }
+        let job = read_job(&tx, job_id).await?;
+        tx.commit().await?;
+        Ok(RetriedJob { job, retried })
+    }
+}
+
+/// A job after `retry_job`, and how many of its items went back to ready.
+#[derive(Debug, Clone)]
+pub struct RetriedJob {
+    pub job: JobDocument,
+    pub retried: i64,
 }
 
 /// Refuses `count` new items when they would take the tenant past its max_outstanding. Holds

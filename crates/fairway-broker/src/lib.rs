@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod batch;
+mod bulk;
 mod claims;
 mod core;
 pub mod db;
@@ -34,10 +35,11 @@ use tokio::sync::{watch, Notify};
 use crate::core::Core;
 use crate::metrics::Metrics;
 use batch::Batches;
+pub use bulk::{BulkAction, BulkOutcome, JobFilter};
 pub use claims::Claims;
 pub use endings::Endings;
 pub use error::BrokerError;
-pub use jobs::{IdempotencyKey, Jobs, Submission};
+pub use jobs::{IdempotencyKey, Jobs, RetriedJob, Submission};
 pub use maintenance::Maintenance;
 pub use signals::WorkSignals;
 pub use tenancy::Tenancy;

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Subcommand};
+use clap::{Args, Subcommand, ValueEnum};
 use fairway_api::positive_duration;
 
 /// How the command-line tools reach a broker.
@@ -108,6 +108,47 @@ pub enum JobCommand {
     Resume { job_id: uuid::Uuid },
     /// Cancel every unfinished item of the job.
     Cancel { job_id: uuid::Uuid },
+    /// Put every item that failed for good back to ready, with a fresh retry budget.
+    Retry { job_id: uuid::Uuid },
+    /// Pause, resume, cancel or retry every job the filter matches (at least one filter).
+    Bulk {
+        action: BulkAction,
+        /// Only this user's jobs.
+        #[arg(long)]
+        user: Option<String>,
+        /// Only this tenant's jobs.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Only jobs in this status (running, failed, complete_with_errors, ...).
+        #[arg(long)]
+        status: Option<String>,
+        /// Only jobs with a step on this service.
+        #[arg(long)]
+        service: Option<String>,
+        /// Only jobs submitted before this RFC 3339 time.
+        #[arg(long)]
+        submitted_before: Option<String>,
+    },
+}
+
+/// What `fairway admin jobs bulk` does to each job.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum BulkAction {
+    Pause,
+    Resume,
+    Cancel,
+    Retry,
+}
+
+impl BulkAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pause => "pause",
+            Self::Resume => "resume",
+            Self::Cancel => "cancel",
+            Self::Retry => "retry",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Subcommand)]

@@ -126,6 +126,37 @@ pub enum Report {
 }
 
 /// The answer to a report: the item's status now.
+/// Which jobs a bulk action touches (`POST /admin/jobs/{action}`); fields left None match any.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct JobFilter {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub submitted_before: Option<String>,
+}
+
+/// How many jobs a bulk action matched and changed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BulkAnswer {
+    pub matched: u64,
+    pub changed: u64,
+}
+
+/// A job after a retry (`POST /jobs/{id}/retry`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RetriedJob {
+    #[serde(flatten)]
+    pub job: JobDocument,
+    /// How many items that had failed for good are ready again.
+    pub retried: i64,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 pub struct ReportAnswer {
     pub id: i64,
@@ -281,6 +312,19 @@ impl Client {
     ) -> Result<JobDocument, ClientError> {
         let path = format!("/jobs/{}/{}", job_id.0, action.as_str());
         decode(self.request(Method::POST, &path).send().await?).await
+    }
+
+    /// Puts every item of the job that failed for good back to ready, with a fresh retry
+    /// budget; returns the job as it is now and how many items were retried.
+    pub async fn retry(&self, job_id: JobId) -> Result<RetriedJob, ClientError> {
+        let path = format!("/jobs/{}/retry", job_id.0);
+        decode(self.request(Method::POST, &path).send().await?).await
+    }
+
+    /// Applies `action` (pause, resume, cancel or retry) to every job `filter` matches.
+    pub async fn bulk(&self, action: &str, filter: &JobFilter) -> Result<BulkAnswer, ClientError> {
+        let path = format!("/admin/jobs/{action}");
+        decode(self.request(Method::POST, &path).json(filter).send().await?).await
     }
 
     /// Claims work; an empty answer means none came within the wait.

@@ -8,6 +8,9 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::error::{ApiError, ErrorBody};
 use super::{endpoint, non_empty};
+use crate::auth::{check_tenant, Caller};
+use chrono::{DateTime, Utc};
+use fairway_api::model::{JobStatus, UserName};
 use fairway_api::model::{
     Mismatch, ServiceName, StrategyUsage, TenantName, UserShare, UserWorkCursor, UserWorkRow,
 };
@@ -15,7 +18,7 @@ use fairway_api::pages::PageLimit;
 use fairway_api::strategy::valid_key;
 use fairway_api::summary::ServiceSummary;
 use fairway_api::tenancy::{QuerierDocument, TenantDocument, TenantLimits};
-use fairway_broker::Broker;
+use fairway_broker::{Broker, BulkAction, JobFilter};
 
 const DEFAULT_SHARES: i64 = 10;
 const MAX_SHARES: i64 = 100;
@@ -35,6 +38,7 @@ pub fn routes(config: &mut web::ServiceConfig) {
                 .route(web::get().to(tenant))
                 .route(web::put().to(set_tenant)),
         )
+        .service(endpoint("/admin/jobs/{action}").route(web::post().to(bulk_jobs)))
         .service(endpoint("/metrics").route(web::get().to(metrics)))
         .service(endpoint("/healthz").route(web::get().to(healthz)))
         .service(endpoint("/readyz").route(web::get().to(readyz)));
@@ -207,6 +211,89 @@ async fn set_tenant(
         max_outstanding: limit("max_outstanding", body.max_outstanding)?,
     };
     Ok(HttpResponse::Ok().json(broker.tenancy().set_tenant(&tenant, limits).await?))
+}
+
+/// What a bulk action does to each job it matches.
+#[derive(Deserialize, Clone, Copy, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BulkJobAction {
+    Pause,
+    Resume,
+    Cancel,
+    Retry,
+}
+
+/// Which jobs a bulk action touches: every field given must match; at least one is required.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobFilterBody {
+    user: Option<String>,
+    tenant: Option<String>,
+    /// One job status: accepted, running, paused, successful, complete_with_errors, failed
+    /// or canceled.
+    status: Option<String>,
+    /// Jobs with a step on this service.
+    service: Option<String>,
+    /// Jobs submitted before this time.
+    submitted_before: Option<DateTime<Utc>>,
+}
+
+/// How many jobs a bulk action matched and changed.
+#[derive(Serialize, ToSchema)]
+pub struct BulkAnswer {
+    matched: u64,
+    changed: u64,
+}
+
+/// Pause, resume, cancel or retry every job the filter matches, each as its single-job route
+/// would, one job per transaction. A producer token touches only its tenants' jobs.
+#[utoipa::path(post, path = "/admin/jobs/{action}", tag = "admin", request_body = JobFilterBody,
+    params(("action" = BulkJobAction, Path, description = "What to do to each job")),
+    responses(
+        (status = 200, description = "How many jobs matched and changed.", body = BulkAnswer),
+        (status = 403, description = "A tenant outside the token's scope.", body = ErrorBody),
+))]
+async fn bulk_jobs(
+    broker: web::Data<Broker>,
+    Caller(principal): Caller,
+    path: web::Path<BulkJobAction>,
+    body: web::Json<JobFilterBody>,
+) -> Result<HttpResponse, ApiError> {
+    let body = body.into_inner();
+    let empty = body.user.is_none()
+        && body.tenant.is_none()
+        && body.status.is_none()
+        && body.service.is_none()
+        && body.submitted_before.is_none();
+    if empty {
+        return Err(ApiError::bad_request(
+            "empty_filter",
+            "name at least one of user, tenant, status, service and submitted_before",
+        ));
+    }
+    let user = body.user.as_deref().map(UserName::parse).transpose()?;
+    let tenant = body.tenant.as_deref().map(TenantName::parse).transpose()?;
+    let service = body.service.as_deref().map(ServiceName::parse).transpose()?;
+    let status = body.status.as_deref().map(JobStatus::parse).transpose()?;
+    if let Some(tenant) = &tenant {
+        check_tenant(&principal, tenant.as_str())?;
+    }
+    let filter = JobFilter {
+        user: user.map(|user| user.as_str().to_owned()),
+        tenant: tenant.map(|tenant| tenant.as_str().to_owned()),
+        status,
+        service: service.map(|service| service.as_str().to_owned()),
+        submitted_before: body.submitted_before,
+        tenants: principal.tenants().map(<[String]>::to_vec),
+    };
+    let action = match path.into_inner() {
+        BulkJobAction::Pause => BulkAction::Pause,
+        BulkJobAction::Resume => BulkAction::Resume,
+        BulkJobAction::Cancel => BulkAction::Cancel,
+        BulkJobAction::Retry => BulkAction::Retry,
+    };
+    let outcome = broker.jobs().bulk(action, &filter).await?;
+    Ok(HttpResponse::Ok().json(BulkAnswer { matched: outcome.matched, changed: outcome.changed }))
 }
 
 /// A recount of every counter from the work items.

@@ -53,6 +53,7 @@ pub const ROUTES: &[(&str, &str, Access)] = &[
     ("POST", "/jobs/{job_id}/items", PRODUCE),
     ("GET", "/jobs/{job_id}/items", READ_JOBS),
     ("GET", "/jobs/{job_id}/results", READ_JOBS),
+    ("POST", "/jobs/{job_id}/retry", PRODUCE),
     ("POST", "/jobs/{job_id}/{action}", PRODUCE),
     ("GET", "/work", WORK),
     ("POST", "/work/{id}/status", WORK),
@@ -67,6 +68,8 @@ pub const ROUTES: &[(&str, &str, Access)] = &[
     ("GET", "/admin/tenants", OBSERVE),
     ("GET", "/admin/tenants/{tenant}", OBSERVE),
     ("PUT", "/admin/tenants/{tenant}", ADMIN),
+    // A producer's bulk action reaches only its tenants' jobs (the handler scopes it).
+    ("POST", "/admin/jobs/{action}", PRODUCE),
     ("GET", "/admin/tokens", ADMIN),
     ("POST", "/admin/tokens", ADMIN),
     ("POST", "/admin/tokens/{id}/revoke", ADMIN),

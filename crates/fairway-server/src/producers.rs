@@ -37,7 +37,8 @@ pub fn routes(config: &mut web::ServiceConfig) {
                 .route(web::get().to(list_items)),
         )
         .service(endpoint("/jobs/{job_id}/results").route(web::get().to(job_results)))
-        // After /items and /results: routes match in the order they are registered.
+        .service(endpoint("/jobs/{job_id}/retry").route(web::post().to(retry_job)))
+        // After /items, /results and /retry: routes match in the order they are registered.
         .service(endpoint("/jobs/{job_id}/{action}").route(web::post().to(steer_job)));
 }
 
@@ -462,6 +463,38 @@ async fn steer_job(
         JobAction::Cancel => broker.jobs().cancel_job(job_id).await?,
     };
     Ok(HttpResponse::Ok().json(job))
+}
+
+/// A job after a retry: its document, and how many items went back to ready.
+#[derive(Serialize, ToSchema)]
+pub struct RetriedBody {
+    #[serde(flatten)]
+    job: JobDocument,
+    /// How many items that had failed for good are ready again.
+    retried: i64,
+}
+
+/// Put every item of the job that failed for good back to ready, at its next attempt and with
+/// a fresh retry budget; the job runs again.
+#[utoipa::path(post, path = "/jobs/{job_id}/retry", tag = "producers",
+    params(("job_id" = Uuid, Path, description = "The job")),
+    responses(
+        (status = 200, description = "The job as it is now, and how many items were retried.",
+            body = RetriedBody),
+        (status = 404, description = "No such job.", body = ErrorBody),
+        (status = 409, description = "Nothing failed (`nothing_to_retry`), the job was \
+            canceled (`job_canceled`), or an aggregating step already ran over the failed \
+            items' step (`aggregation_started`).", body = ErrorBody),
+))]
+async fn retry_job(
+    broker: web::Data<Broker>,
+    Caller(principal): Caller,
+    path: web::Path<Uuid>,
+) -> Result<HttpResponse, ApiError> {
+    let job_id = JobId(path.into_inner());
+    check_job(&broker, &principal, job_id).await?;
+    let retried = broker.jobs().retry_job(job_id).await?;
+    Ok(HttpResponse::Ok().json(RetriedBody { job: retried.job, retried: retried.retried }))
 }
 
 /// For a token scoped to tenants: the job's 404 unless it is one of theirs, as if another

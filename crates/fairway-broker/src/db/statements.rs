@@ -460,6 +460,57 @@ row! {
 }
 
 statement! {
+    /// Puts every failed item of the job back to ready with a fresh retry budget; answers how
+    /// many, per step and component.
+    RetryJobItems = "retry_job_items" -> RetriedItems {
+        job_id: Uuid,
+    }
+}
+
+row! {
+    RetriedItems {
+        step_index: i32,
+        component: String,
+        retried: i32,
+    }
+}
+
+statement! {
+    /// The next page of jobs, in id order, that match a bulk action's filter.
+    FindFilteredJobs<'a> = "find_filtered_jobs" -> FilteredJob {
+        user: Option<&'a str>,
+        tenant: Option<&'a str>,
+        status: Option<&'a str>,
+        service: Option<&'a str>,
+        submitted_before: Option<DateTime<Utc>>,
+        tenants: Option<&'a [String]>,
+        after: Uuid,
+        limit: i64,
+    }
+}
+
+row! {
+    FilteredJob {
+        job_id: Uuid,
+        status: String,
+    }
+}
+
+statement! {
+    /// The attempt each item's retry budget starts from.
+    ItemRetryBases<'a> = "item_retry_bases" -> RetryBase {
+        ids: &'a [i64],
+    }
+}
+
+row! {
+    RetryBase {
+        id: i64,
+        retry_base: i32,
+    }
+}
+
+statement! {
     /// A page of a user's jobs (`user` set, optionally only `tenant`'s) or of a tenant's
     /// (`user` NULL), newest first.
     ListJobs<'a> = "list_jobs" -> JobRow {

@@ -5,8 +5,8 @@ use serde::Serialize;
 
 use super::{client, CliError};
 use crate::args::{AdminArgs, AdminCommand, JobCommand, TenantCommand, TokenCommand};
-use crate::Client;
 use crate::JobAction;
+use crate::{Client, JobFilter};
 use fairway_api::model::{JobDocument, JobId, UserWorkRow};
 use fairway_api::summary::ServiceSummary;
 use fairway_api::tenancy::{QuerierDocument, TenantDocument};
@@ -36,6 +36,15 @@ async fn run_command(args: AdminArgs) -> Result<(), CliError> {
         }
         AdminCommand::Jobs { command } => {
             let job = match command {
+                JobCommand::Bulk { action, user, tenant, status, service, submitted_before } => {
+                    let filter = JobFilter { user, tenant, status, service, submitted_before };
+                    let answer = client.bulk(action.as_str(), &filter).await?;
+                    if print.json {
+                        return print.json(&answer);
+                    }
+                    println!("matched {} jobs, changed {}", answer.matched, answer.changed);
+                    return Ok(());
+                }
                 JobCommand::Show { job_id } => client.job(JobId(job_id)).await?,
                 JobCommand::Pause { job_id } => {
                     client.steer(JobId(job_id), JobAction::Pause).await?
@@ -45,6 +54,14 @@ async fn run_command(args: AdminArgs) -> Result<(), CliError> {
                 }
                 JobCommand::Cancel { job_id } => {
                     client.steer(JobId(job_id), JobAction::Cancel).await?
+                }
+                JobCommand::Retry { job_id } => {
+                    let retried = client.retry(JobId(job_id)).await?;
+                    if print.json {
+                        return print.json(&retried);
+                    }
+                    println!("retried {} items", retried.retried);
+                    retried.job
                 }
             };
             print.one(&job, job_table)
