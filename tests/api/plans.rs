@@ -762,3 +762,32 @@ async fn assert_reads_from_its_first_item(app: &TestApp, job: uuid::Uuid, step: 
          first, {first}"
     );
 }
+
+/// The pruner's delete of expired Idempotency-Keys at a million keys, half of them expired: a
+/// range of idempotency_keys_expiry that stops at its batch, never a scan of the keys.
+#[tokio::test]
+async fn pruning_idempotency_keys_reads_the_expiry_index_at_a_million_keys() {
+    let (db, _notices) = connect_with_notices().await;
+    db.batch_execute(
+        "INSERT INTO idempotency_keys (scope, key, request_digest, job_id, response, expires_at)
+         SELECT 'user:u' || (i % 1000), 'key-' || i, '\\x00', md5(i::text)::uuid, '{}',
+                now() + (i - 500000) * interval '1 second'
+           FROM generate_series(1, 1000000) AS i",
+    )
+    .await
+    .expect("seed the keys");
+    db.batch_execute("VACUUM ANALYZE idempotency_keys").await.expect("analyze");
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        db.batch_execute(&format!("SET plan_cache_mode = {mode}")).await.expect("plan mode");
+        let plan = plan(&db, sql::PruneIdempotencyKeys::SQL, "1000").await;
+        let all = nodes(&plan);
+        assert!(
+            all.iter().all(|node| node["Node Type"] != "Seq Scan"),
+            "prune_idempotency_keys ({mode}) scans: {plan:#}"
+        );
+        assert!(
+            all.iter().any(|node| node["Index Name"] == "idempotency_keys_expiry"),
+            "prune_idempotency_keys ({mode}) does not read idempotency_keys_expiry: {plan:#}"
+        );
+    }
+}
