@@ -296,3 +296,24 @@ async fn a_producer_tokens_bulk_action_reaches_only_its_tenants_jobs() {
     assert_eq!(app.fingerprint().await, before, "refused bulk actions change nothing");
     app.assert_consistent().await;
 }
+
+#[tokio::test]
+async fn a_retry_that_would_take_the_tenant_past_its_limit_is_refused() {
+    let app = spawn_app().await;
+    let tenant = json!({ "max_queriers": 0, "max_outstanding": 2 });
+    let set = app.request(reqwest::Method::PUT, "/admin/tenants/acme").json(&tenant).send();
+    assert_eq!(set.await.expect("set the tenant").status(), StatusCode::OK);
+    let job = app
+        .submit(json!({ "user": "alice", "tenant": "acme", "steps": [{ "service": "svc" }],
+                        "items": [{ "payload": 1 }, { "payload": 2 }] }))
+        .await;
+    for _ in 0..2 {
+        let item = app.claim("svc").await.expect("an item");
+        fail_for_good(&app, &item).await;
+    }
+    // Two more ready items fill the tenant's limit: the two failed ones cannot come back.
+    app.submit(json!({ "user": "bob", "tenant": "acme", "steps": [{ "service": "svc" }],
+                       "items": [{ "payload": 3 }, { "payload": 4 }] }))
+        .await;
+    assert_refused(&app, job, StatusCode::TOO_MANY_REQUESTS, "too_many_outstanding").await;
+}

@@ -486,6 +486,11 @@ impl Jobs {
                 ),
             ));
         }
+        // Retried items wait again, so they count against the tenant's max_outstanding as
+        // submitted ones do; the tenant's row is taken after the owner's, as a submission does.
+        let failed: usize =
+            job.steps.iter().map(|step| usize::try_from(step.failed).unwrap_or(0)).sum();
+        admit(&tx, &job.tenant, failed).await?;
         let mut tenant_deltas = TenantDeltas::default();
         let mut retried = 0i64;
         for RetriedItems { step_index: step, component, retried: count } in
