@@ -1,8 +1,9 @@
 //! Handing out work: claim batches chosen by the fair order (or a worker's strategy) in one
 //! transaction each, and the long polls that wait for work to appear.
 
+use std::collections::HashSet;
 use std::pin::pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -49,6 +50,9 @@ pub struct Claims {
     committed: Arc<Notify>,
     endings: Endings,
     tenancy: Tenancy,
+    /// Services some job has named, as this broker has seen: a service stays named (its
+    /// tenant_queues rows are never deleted), so an empty answer asks the database once.
+    named: Arc<Mutex<HashSet<String>>>,
 }
 
 impl Claims {
@@ -59,7 +63,7 @@ impl Claims {
         endings: Endings,
         tenancy: Tenancy,
     ) -> Self {
-        Self { core, batches, committed, endings, tenancy }
+        Self { core, batches, committed, endings, tenancy, named: Arc::default() }
     }
 }
 
@@ -67,9 +71,18 @@ impl Claims {
     /// Whether any job has named `service`: a claim for one that none has waits like an idle
     /// service's, so the server tells the worker it may be a typo.
     pub async fn service_is_named(&self, service: &ServiceName) -> Result<bool, BrokerError> {
+        let known = |named: &HashSet<String>| named.contains(service.as_str());
+        if known(&self.named.lock().unwrap_or_else(PoisonError::into_inner)) {
+            return Ok(true);
+        }
         let client = self.core.client().await?;
-        let named = ServiceIsNamed { service: service.as_str() };
-        Ok(sql::fetch_one(&client, &named).await?.named)
+        let named =
+            sql::fetch_one(&client, &ServiceIsNamed { service: service.as_str() }).await?.named;
+        if named {
+            let mut seen = self.named.lock().unwrap_or_else(PoisonError::into_inner);
+            seen.insert(service.as_str().to_owned());
+        }
+        Ok(named)
     }
 
     /// Hands out up to `request.max` work items of the service in one transaction, each chosen
