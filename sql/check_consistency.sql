@@ -66,9 +66,16 @@ WITH work AS (
                'last_worked', su.last_worked, 'local_ready', su.local_ready,
                'local_running', su.local_running, 'local_last_worked', su.local_last_worked
            ) AS recorded,
+           -- The copies of the user's counts may lag the users row (a claim moves only the
+           -- queue it claims from), never lead it.
            jsonb_build_object(
-               'ready_count', coalesce(c.ready, 0), 'running_count', u.running_count,
-               'last_worked', u.last_worked, 'local_ready', coalesce(c.local_ready, 0),
+               'ready_count', coalesce(c.ready, 0),
+               'running_count', CASE WHEN su.running_count <= u.running_count
+                                     THEN su.running_count ELSE u.running_count END,
+               'last_worked', CASE WHEN su.last_worked IS NULL
+                                     OR su.last_worked <= u.last_worked
+                                   THEN su.last_worked ELSE u.last_worked END,
+               'local_ready', coalesce(c.local_ready, 0),
                'local_running', coalesce(c.local_running, 0),
                'local_last_worked', c.local_last_worked
            ) AS actual

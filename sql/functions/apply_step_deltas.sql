@@ -36,6 +36,7 @@ DECLARE
     -- Paused steps' ready items are not claimable.
     v_claimable integer;
     v_running integer;
+    v_last_worked timestamptz;
     v_queue_ready integer;
 BEGIN
     UPDATE user_work uw
@@ -58,13 +59,16 @@ BEGIN
         UPDATE users u
            SET running_count = u.running_count + p_running
          WHERE u.username = v_step.username
-     RETURNING u.running_count INTO v_running;
+     RETURNING u.running_count, u.last_worked INTO v_running, v_last_worked;
     END IF;
-    -- Every queue row of the user keeps its copy of the user's work in progress; this step's
-    -- row also takes its counts.
+    -- A change in the user's work in progress levels every queue row of the user with it:
+    -- a copy may lag the users row (a claim moves only its own queue's), but never lead it.
+    -- This step's row also takes its counts.
     WITH changed AS (
         UPDATE service_users su
            SET running_count = coalesce(v_running, su.running_count),
+               last_worked = CASE WHEN p_running <> 0 THEN v_last_worked
+                                  ELSE su.last_worked END,
                ready_count = su.ready_count + v_claimable,
                local_ready = su.local_ready
                    + CASE WHEN v_step.actor = '{}' THEN v_claimable ELSE 0 END,
@@ -76,7 +80,8 @@ BEGIN
      RETURNING su.ready_count
     ), others AS (
         UPDATE service_users su
-           SET running_count = v_running
+           SET running_count = v_running,
+               last_worked = v_last_worked
          WHERE p_running <> 0
            AND su.username = v_step.username
            AND (su.service, su.component, su.tenant)

@@ -14,17 +14,24 @@
 --    recently worked, leaving out tenants sharded to other queriers.
 -- 3. User, within the tenant: the first in service_users_fair_order (least work in progress
 --    over all services, then least recently worked) whose users row is free. SKIP LOCKED sends
---    a concurrent claimer on to the next user, tenant or component instead of queueing.
+--    a concurrent claimer on to the next user, tenant or component instead of queueing. A
+--    queue row's copies of the user's counts may lag them, never lead: a row found lagging at
+--    the head is brought level and the order read again, so the first level row is the user
+--    that truly goes first.
 -- 4. Down the user's actor tree: a node's best child actor goes before the node's own jobs when
 --    it has less work in progress, or as much and was worked less recently (never worked counts
 --    as longest ago). Skipped when none of the user's ready work is under an actor.
 -- 5. The node's best job step (synchronous first, then least recently worked), then the step's
 --    lowest ready item of the component, read from the step's ready_from.
--- 6. The item is leased, and user_work, users, service_users and actor_queues move in this same
---    transaction; the tenant's row too while other tenants compete for the component.
--- The membership check, the querier's touch and the list of components are made once per
--- (service, querier) in the batch, not per item. The lease records the claiming token
--- (p_tokens[i]), which alone may then report on the attempt (finish_items, extend_lease).
+-- 6. The item is leased, and the step's user_work row, the users row, the claimed queue's
+--    service_users row and the path's actor_queues rows move in this same transaction; the
+--    tenant's row too while other tenants compete for the component.
+-- The membership check, the querier's touch, the list of components and whether tenants
+-- compete in each are made once per (service, querier) in the batch, not per item: a rival
+-- tenant that arrives meanwhile is counted from the next batch on, and the reaper's recount
+-- covers the claims in between, as it covers a tenant that was alone. The lease records the
+-- claiming token (p_tokens[i]), which alone may then report on the attempt (finish_items,
+-- extend_lease).
 --
 -- A request with a strategy (p_strategies[i], README "Claim strategies") replaces 2 to 5: its
 -- attempts in turn, each reading claimable_steps (or claimable_step_metadata, under a
@@ -54,8 +61,8 @@
 -- sorts after every tenant row the transaction holds, the order apply_tenant_deltas takes them
 -- in, so that waits cannot form a cycle; otherwise it takes the row without waiting or passes
 -- the tenant over for the rest of the batch. A chosen user whose place in the order changed
--- since the statement's snapshot, or whose last item went elsewhere in between, is looked for
--- again at once, up to four times.
+-- since the statement's snapshot, whose queue row lagged, or whose last item went elsewhere in
+-- between, is looked for again at once, up to sixteen times.
 
 CREATE OR REPLACE FUNCTION claim_items(
     p_services text[],
@@ -100,6 +107,8 @@ DECLARE
     v_checked_service text;
     v_checked_querier text;
     v_components text[];
+    -- Whether two or more tenants compete for each of v_components.
+    v_contested boolean[];
     v_count integer;
     v_claimed integer;
     -- The greatest (service, component, tenant) key of the tenant rows this transaction holds.
@@ -208,8 +217,19 @@ BEGIN
                   FROM components c
                  WHERE c.component IS NOT NULL
             )
-            SELECT array_agg(c.component ORDER BY c.component)
-              INTO v_components
+            SELECT array_agg(c.component ORDER BY c.component),
+                   -- A second active tenant, read in primary-key order so that the probe
+                   -- stops there.
+                   array_agg((SELECT tq.tenant
+                                FROM tenant_queues tq
+                               WHERE tq.service = v_service
+                                 AND tq.component = c.component
+                                 AND tq.active
+                               ORDER BY tq.service, tq.component, tq.tenant
+                              OFFSET 1
+                               LIMIT 1) IS NOT NULL
+                             ORDER BY c.component)
+              INTO v_components, v_contested
               FROM components c
              WHERE c.component IS NOT NULL;
             v_count := coalesce(cardinality(v_components), 0);
@@ -222,7 +242,7 @@ BEGIN
         <<items>>
         WHILE v_claimed < p_maxes[i] AND v_count > 0 LOOP
             <<looks>>
-            FOR look IN 1 .. 4 LOOP
+            FOR look IN 1 .. 16 LOOP
                 v_step_job := NULL;
                 v_use_fair := v_attempts IS NULL;
                 IF NOT v_use_fair THEN
@@ -506,7 +526,19 @@ BEGIN
                     END LOOP;
                     -- Nothing free for this request: the rest of the batch may still find work.
                     EXIT items WHEN v_pick.username IS NULL;
-                    CONTINUE looks WHEN v_pick.stale;
+                    IF v_pick.stale THEN
+                        -- The row's copies lag the user's counts (claims move only the row
+                        -- they claim from), so the user sorts later than the row says: bring
+                        -- it level, under the user's lock the pick took, and look again.
+                        UPDATE service_users su
+                           SET running_count = u.running_count,
+                               last_worked = u.last_worked
+                          FROM users u
+                         WHERE u.username = su.username
+                           AND (su.username, su.service, su.component, su.tenant)
+                               = (v_pick.username, v_service, v_component, v_pick.tenant);
+                        CONTINUE looks;
+                    END IF;
                 END IF;
 
                 -- The tenant's row, kept while other tenants compete for the component,
@@ -515,7 +547,10 @@ BEGIN
                 -- them, so that waits cannot form a cycle. Otherwise it is locked now without
                 -- waiting; if another transaction (another broker's claims) holds it, the
                 -- tenant is passed over for the rest of the batch, as a held user is.
-                v_counted := tenant_has_rivals(v_service, v_component, v_pick.tenant);
+                -- Whether tenants compete was read with the component list; a component a
+                -- strategy found since is asked afresh.
+                v_counted := coalesce(v_contested[array_position(v_components, v_component)],
+                                      tenant_has_rivals(v_service, v_component, v_pick.tenant));
                 IF v_counted AND v_held_tenant IS NOT NULL
                    AND (v_service, v_component, v_pick.tenant)
                        < (v_held_service, v_held_component, v_held_tenant)
@@ -639,31 +674,22 @@ BEGIN
                        AND EXISTS (SELECT 1 FROM item)
                  RETURNING u.running_count
                 ), queues AS (
-                    -- Every row of the user takes the new copies; the claimed queue's row also
-                    -- its counts, and its own-jobs counts when the job has no actor path.
+                    -- Only the claimed queue's row: the user's rows in other queues keep
+                    -- their copies, which now sort no later than the user does, and are
+                    -- brought level when one of them comes to the head of its order.
                     UPDATE service_users su
                        SET running_count = uc.running_count,
                            last_worked = v_at,
-                           ready_count = su.ready_count
-                               - CASE WHEN (su.service, su.component, su.tenant)
-                                           = (v_service, v_component, v_pick.tenant)
-                                      THEN 1 ELSE 0 END,
+                           ready_count = su.ready_count - 1,
                            local_ready = su.local_ready
-                               - CASE WHEN (su.service, su.component, su.tenant)
-                                           = (v_service, v_component, v_pick.tenant)
-                                       AND v_path = '{}'
-                                      THEN 1 ELSE 0 END,
+                               - CASE WHEN v_path = '{}' THEN 1 ELSE 0 END,
                            local_running = su.local_running
-                               + CASE WHEN (su.service, su.component, su.tenant)
-                                           = (v_service, v_component, v_pick.tenant)
-                                       AND v_path = '{}'
-                                      THEN 1 ELSE 0 END,
-                           local_last_worked = CASE WHEN (su.service, su.component, su.tenant)
-                                                         = (v_service, v_component, v_pick.tenant)
-                                                     AND v_path = '{}'
-                                                    THEN v_at ELSE su.local_last_worked END
+                               + CASE WHEN v_path = '{}' THEN 1 ELSE 0 END,
+                           local_last_worked = CASE WHEN v_path = '{}' THEN v_at
+                                                    ELSE su.local_last_worked END
                       FROM user_counts uc
-                     WHERE su.username = v_pick.username
+                     WHERE (su.username, su.service, su.component, su.tenant)
+                           = (v_pick.username, v_service, v_component, v_pick.tenant)
                 )
                 SELECT item.id, item.job_id, item.step_index, item.payload, item.inputs,
                        item.attempt, item.lease_expires_at, item.first_claim
@@ -727,7 +753,7 @@ BEGIN
                 RETURN NEXT;
                 CONTINUE items;
             END LOOP;
-            -- Four looks found the order moving under them: leave it to the broker's retry.
+            -- Sixteen looks found the order moving under them: leave it to the broker's retry.
             EXIT items;
         END LOOP;
         IF v_claimed = 0 THEN

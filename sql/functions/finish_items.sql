@@ -178,7 +178,7 @@ BEGIN
                       FROM steps s
                      GROUP BY s.username) o
              WHERE u.username = o.username
-            RETURNING u.username, u.running_count
+            RETURNING u.username, u.running_count, u.last_worked
         ), queue_deltas AS (
             SELECT s.username, s.service, s.component, s.tenant,
                    sum(s.claimable) AS claimable,
@@ -187,10 +187,12 @@ BEGIN
               FROM steps s
              GROUP BY s.username, s.service, s.component, s.tenant
         ), queues AS (
-            -- Every queue row of an owner keeps its copy of the owner's work in progress; the
-            -- ended items' queue rows also take their counts.
+            -- Every queue row of an owner is levelled with the owner's work in progress (a
+            -- copy may lag it, never lead it: see claim_items); the ended items' queue rows
+            -- also take their counts.
             UPDATE service_users su
                SET running_count = o.running_count,
+                   last_worked = o.last_worked,
                    (ready_count, local_ready, local_running) = (
                        SELECT su.ready_count + coalesce(sum(q.claimable), 0),
                               su.local_ready + coalesce(sum(q.local_claimable), 0),

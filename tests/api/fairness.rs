@@ -78,6 +78,43 @@ async fn least_work_in_progress_counts_work_in_other_services() {
     app.assert_consistent().await;
 }
 
+/// Alice's running count in her `svc` queue row, and in her users row.
+async fn alices_running_counts(app: &crate::helpers::TestApp) -> (i32, i32) {
+    let row = app
+        .db
+        .query_one(
+            "SELECT su.running_count, u.running_count
+               FROM service_users su
+               JOIN users u USING (username)
+              WHERE su.username = 'alice' AND su.service = 'svc'",
+            &[],
+        )
+        .await
+        .expect("alice's svc queue row");
+    (row.get(0), row.get(1))
+}
+
+#[tokio::test]
+async fn a_claim_moves_only_the_queue_it_claims_from_and_lagging_rows_are_levelled() {
+    let app = spawn_app().await;
+    app.submit_simple("alice", "svc", 3, true).await;
+    app.submit_simple("alice", "other", 2, true).await;
+    app.submit_simple("bob", "svc", 3, true).await;
+    let first = app.claim("other").await.expect("item");
+    app.claim("other").await.expect("item");
+    // Two claims elsewhere left alice's `svc` row behind her users row, which is allowed.
+    assert_eq!(alices_running_counts(&app).await, (0, 2));
+    app.assert_consistent().await;
+    // Alice's lagging row sorts first in `svc`: the claim finds it lagging, levels it, and
+    // serves bob.
+    assert_eq!(user_of(&app.claim("svc").await.expect("item")), "bob");
+    assert_eq!(alices_running_counts(&app).await, (2, 2));
+    // An ending levels every row of its owner.
+    app.succeed(&first, json!([])).await;
+    assert_eq!(alices_running_counts(&app).await, (1, 1));
+    app.assert_consistent().await;
+}
+
 #[tokio::test]
 async fn synchronous_jobs_go_before_asynchronous_ones_within_a_user() {
     let app = spawn_app().await;

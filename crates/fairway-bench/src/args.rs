@@ -182,6 +182,13 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10)]
     pub competing_tenants: u32,
 
+    /// Beside the matrix, `fair` once more at 1,000 users × 10,000 items where every user also
+    /// has ready work in this many services in all, claimed from the one, reported as path
+    /// `fair_services` (0 or 1: not run). Compare it with `fair` at the same point: a claim's
+    /// cost must not grow with the services a user has work in.
+    #[arg(long, default_value_t = 4)]
+    pub services_per_user: u32,
+
     /// Run the `http` paths with auth on: the brokers get an admin token, and the workers claim
     /// and report with a worker token (scoped to the bench's service), as in production. Off:
     /// no token, as a broker on loopback without tokens serves.

@@ -93,6 +93,7 @@ async fn run_matrix(
         jobs_per_user: args.jobs_per_user as usize,
         tenants: args.tenants as usize,
         components: args.components as usize,
+        services: 1,
         metadata: args.paths.iter().any(|path| path.strategy().is_some()),
     };
     // The wide claims run at their points beside the others, on the same seed.
@@ -134,6 +135,21 @@ async fn run_matrix(
             runs.push(run);
         }
     }
+    if args.services_per_user > 1 && args.paths.contains(&BenchPath::Fair) {
+        let point = Point {
+            users: COMPETING_TENANTS_USERS,
+            backlog: COMPETING_TENANTS_BACKLOG,
+            partitions: seed::Partitions {
+                services: args.services_per_user as usize,
+                ..partitions
+            },
+        };
+        let legs = [(BenchPath::Fair, usize::from(args.max))];
+        for mut run in run_point(args, admin_config, point, &legs, &mut postgres).await? {
+            run.path = SERVICES_PER_USER_PATH.to_owned();
+            runs.push(run);
+        }
+    }
     if args.wakeup_trials > 0 {
         runs.extend(run_wakeups(args, admin_config).await?);
     }
@@ -141,10 +157,12 @@ async fn run_matrix(
     Ok(Report { command, machine: machine(postgres), runs })
 }
 
-/// Where the competing-tenants run is measured (see --competing-tenants), and its path's name.
+/// Where the competing-tenants and many-services runs are measured (see --competing-tenants
+/// and --services-per-user), and their paths' names.
 const COMPETING_TENANTS_USERS: usize = 1_000;
 const COMPETING_TENANTS_BACKLOG: usize = 10_000;
 pub const COMPETING_TENANTS_PATH: &str = "fair_tenants";
+pub const SERVICES_PER_USER_PATH: &str = "fair_services";
 
 /// The wake-up measurements' paths: a worker's, and a producer's waiting for its job.
 pub const WAKEUP_PATH: &str = "wakeup";

@@ -5,7 +5,10 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::{is_wakeup, BenchError, COMPETING_TENANTS_PATH, JOB_WAKEUP_PATH, WAKEUP_PATH};
+use super::{
+    is_wakeup, BenchError, COMPETING_TENANTS_PATH, JOB_WAKEUP_PATH, SERVICES_PER_USER_PATH,
+    WAKEUP_PATH,
+};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Machine {
@@ -188,6 +191,25 @@ impl Report {
                 run.jain.map(|jain| jain >= 0.99),
                 run.jain
                     .map(|jain| format!("{}u/{}: {jain:.4}", run.users, run.backlog))
+                    .unwrap_or_default(),
+            ));
+        }
+
+        // A claim costs the same however many services its user has work in.
+        if let Some(run) = self.runs.iter().find(|run| run.path == SERVICES_PER_USER_PATH) {
+            let ratio = run.claims_per_s.zip(claims("fair", run.users, run.backlog, run.max));
+            targets.push((
+                "fair with work in more services ≥ 0.9 × fair with one".to_owned(),
+                ratio.map(|(many, one)| many >= 0.9 * one),
+                ratio
+                    .map(|(many, one)| {
+                        format!(
+                            "{}u/{}: {many:.0} vs {one:.0}: {:.3}x",
+                            run.users,
+                            run.backlog,
+                            many / one
+                        )
+                    })
                     .unwrap_or_default(),
             ));
         }

@@ -1,6 +1,6 @@
 //! Seeds the benchmark database in bulk, and resets it between claim paths.
 
-use crate::sql::{HARMONY_SCHEMA, RESET_ITEMS, SEED_COUNTERS, SEED_METADATA};
+use crate::sql::{HARMONY_SCHEMA, RESET_ITEMS, SEED_COUNTERS, SEED_METADATA, SEED_OTHER_SERVICES};
 use std::collections::BTreeSet;
 
 use deadpool_postgres::Pool;
@@ -14,6 +14,9 @@ use super::BenchError;
 
 /// The service every seeded item belongs to.
 pub const SERVICE: &str = "bench";
+
+/// Ready items each user has in every service besides the benched one (--services-per-user).
+const OTHER_SERVICE_ITEMS: i32 = 4;
 
 /// What was seeded: jobs, sorted, and whose user each one is.
 pub struct Seeded {
@@ -45,6 +48,8 @@ pub struct Partitions {
     pub jobs_per_user: usize,
     pub tenants: usize,
     pub components: usize,
+    /// Services each user has ready work in: the benched one, and the rest unclaimed.
+    pub services: usize,
     /// Whether jobs get metadata and priorities, for the strategy paths.
     pub metadata: bool,
 }
@@ -183,6 +188,10 @@ pub async fn seed(
             .map(|job| vec![&jobs[job] as &(dyn ToSql + Sync), &0_i32, &components[job], &payload]),
     )
     .await?;
+    if partitions.services > 1 {
+        let services = i32::try_from(partitions.services).unwrap_or(i32::MAX);
+        client.execute(SEED_OTHER_SERVICES, &[&services, &OTHER_SERVICE_ITEMS]).await?;
+    }
     if partitions.metadata {
         client.batch_execute(SEED_METADATA).await?;
     }

@@ -21,6 +21,7 @@ fairway_broker::statements! {
     RESET_ITEMS = "reset_items";
     SEED_COUNTERS = "seed_counters";
     SEED_METADATA = "seed_metadata";
+    SEED_OTHER_SERVICES = "seed_other_services";
 }
 
 pub use fairway_broker::db::sql::*;
