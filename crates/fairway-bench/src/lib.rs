@@ -9,7 +9,8 @@ mod sql;
 mod stats;
 mod wakeup;
 
-use crate::sql::BASELINE_INDEXES;
+use crate::report::Writes;
+use crate::sql::{BASELINE_INDEXES, WAL_WRITES};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -345,6 +346,7 @@ async fn run_path(
     // The first pass only: a reset between passes writes WAL of its own.
     let wal_bytes_per_claim = (measured.claims > 0)
         .then_some(wal_since(pool, &wal_before).await? / measured.claims as f64);
+    let writes = writes_per_claim(pool, &wal_before, measured.claims).await?;
     let mut waiting = still_waiting(&measured.per_user, &seeded.items);
     // A small backlog is half handed out in a couple of seconds, too short a run to measure on
     // a shared machine: the path goes over it again, from the seeded state each time, until it
@@ -403,7 +405,33 @@ async fn run_path(
         ),
         errors: measured.errors,
         wal_bytes_per_claim,
+        writes,
     })
+}
+
+/// What the WAL since `position` says was written, per claim: rows (inserted, updated,
+/// deleted), of those the updates that were not HOT, and index entries. Read with
+/// pg_walinspect, so exact whatever else loads the host; None where the extension is missing.
+async fn writes_per_claim(
+    pool: &deadpool_postgres::Pool,
+    position: &str,
+    claims: u64,
+) -> Result<Option<Writes>, BenchError> {
+    let client = pool.get().await?;
+    if claims == 0
+        || client.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect").await.is_err()
+    {
+        return Ok(None);
+    }
+    let row = client.query_one(WAL_WRITES, &[&position]).await?;
+    let per_claim = |column: usize| -> Result<f64, BenchError> {
+        Ok(row.try_get::<_, f64>(column)? / claims as f64)
+    };
+    Ok(Some(Writes {
+        rows: per_claim(0)?,
+        cold_updates: per_claim(1)?,
+        index_entries: per_claim(2)?,
+    }))
 }
 
 /// Where the server's WAL is now.
@@ -477,6 +505,7 @@ async fn run_wakeups(
             jain: None,
             errors: 0,
             wal_bytes_per_claim: None,
+            writes: None,
         });
     }
     Ok(runs)

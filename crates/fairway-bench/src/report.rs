@@ -40,6 +40,19 @@ pub struct Run {
     pub errors: u64,
     /// WAL written per claim (with its completion) during the path's first pass.
     pub wal_bytes_per_claim: Option<f64>,
+    /// What each claim with its completion wrote, during the path's first pass.
+    pub writes: Option<Writes>,
+}
+
+/// Writes per claim (with its completion), from the WAL.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Writes {
+    /// Rows inserted, updated or deleted.
+    pub rows: f64,
+    /// Updates that were not HOT: each wrote an entry into every index of its table.
+    pub cold_updates: f64,
+    /// Index entries written.
+    pub index_entries: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -257,15 +270,15 @@ impl Report {
             Some(value) => format!("{value:.digits$}"),
             None => "–".to_owned(),
         };
-        let _ = writeln!(out, "| path | users | tenants | backlog | workers | max | items/s | p50 ms | p90 ms | p99 ms | Jain | errors |");
+        let _ = writeln!(out, "| path | users | tenants | backlog | workers | max | items/s | p50 ms | p90 ms | p99 ms | Jain | rows/claim | not HOT/claim | index entries/claim | errors |");
         let _ = writeln!(
             out,
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         );
         for run in &self.runs {
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 run.path,
                 run.users,
                 run.tenants,
@@ -277,6 +290,9 @@ impl Report {
                 number(run.p90_ms, 2),
                 number(run.p99_ms, 2),
                 number(run.jain, 4),
+                number(run.writes.map(|w| w.rows), 1),
+                number(run.writes.map(|w| w.cold_updates), 1),
+                number(run.writes.map(|w| w.index_entries), 1),
                 run.errors
             );
         }
@@ -428,6 +444,7 @@ mod tests {
             jain: Some(0.999),
             errors: 0,
             wal_bytes_per_claim: Some(1600.0),
+            writes: Some(Writes { rows: 6.0, cold_updates: 4.0, index_entries: 12.0 }),
         };
         let machine = Machine {
             cores: 2,

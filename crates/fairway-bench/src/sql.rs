@@ -22,6 +22,7 @@ fairway_broker::statements! {
     SEED_COUNTERS = "seed_counters";
     SEED_METADATA = "seed_metadata";
     SEED_OTHER_SERVICES = "seed_other_services";
+    WAL_WRITES = "wal_writes";
 }
 
 pub use fairway_broker::db::sql::*;
