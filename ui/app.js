@@ -403,8 +403,9 @@ async function steerJob(action) {
   if (!shownJob || !window.confirm(`${action} job ${shownJob}?`)) return;
   try {
     const answer = await api(`/jobs/${encodeURIComponent(shownJob)}/${action}`, { method: "POST" });
-    showJobMessage(action === "retry"
-      ? `${answer.retried} failed items are ready again.` : `Done: ${action}.`, false);
+    const retried = answer.retried === 1
+      ? "1 failed item is ready again." : `${answer.retried} failed items are ready again.`;
+    showJobMessage(action === "retry" ? retried : `Done: ${action}.`, false);
     await refreshJob();
   } catch (error) {
     showJobMessage(`${action} refused: ${error.explained || error.message}`, true);
