@@ -23,10 +23,24 @@ async function api(path, options = {}) {
   const body = await response.json();
   if (response.status === 401) {
     askForToken(token ? body.error.message : null);
-    throw new Error(body.error ? body.error.message : response.statusText);
+    throw new ApiError(response, body);
   }
-  if (!response.ok) throw new Error(body.error ? body.error.message : response.statusText);
+  if (!response.ok) throw new ApiError(response, body);
   return body;
+}
+
+// A refusal by the API: its message, HTTP status and error code (`nothing_to_retry`).
+class ApiError extends Error {
+  constructor(response, body) {
+    super(body.error ? body.error.message : response.statusText);
+    this.status = response.status;
+    this.code = body.error ? body.error.code : null;
+  }
+
+  // The message with the status and code, which name the reason where the message may not.
+  get explained() {
+    return this.code ? `${this.message} (${this.status}, ${this.code})` : this.message;
+  }
 }
 
 // Auth is on and the tab has no token, or one the broker refused: ask for one.
@@ -238,63 +252,105 @@ function drawUsers() {
 // Jobs -------------------------------------------------------------------------------------
 
 let shownJob = null;
-// Whose jobs the list shows; null: the most recent jobs of every tenant.
-let listedUser = null;
+// The filter the list shows, as the API names its fields; empty: the most recent jobs of
+// every tenant.
+let listedFilter = {};
 let listedSignature = null;
 const RECENT_JOBS = 20;
+const LISTED_JOBS = 50;
+const ITEMS_PAGE = 20;
 const FINISHED = ["successful", "complete_with_errors", "failed", "canceled"];
+const FILTER_FIELDS = ["user", "tenant", "status", "service", "submitted_before"];
+
+// The job's items on show: the cursor this page starts after (null: the first page), and the
+// one the next page starts after.
+let itemsCursor = null;
+let itemsNextCursor = null;
 
 async function findJobs(event) {
   event.preventDefault();
   const form = new FormData($("#job-find"));
   $("#job-error").hidden = true;
   try {
-    if (form.get("job")) {
+    if (form.get("job").trim()) {
       location.hash = `#jobs/${encodeURIComponent(form.get("job").trim())}`;
-    } else if (form.get("user")) {
-      listedUser = form.get("user").trim();
-      await listJobs();
+      return;
     }
+    const filter = {};
+    for (const name of FILTER_FIELDS) {
+      const value = form.get(name).trim();
+      if (value) filter[name] = value;
+    }
+    hideBulk();
+    // Kept only once the API took it, so that a refused filter is not asked every refresh.
+    await listJobs(filter);
+    listedFilter = filter;
   } catch (error) {
     showJobError(error);
   }
 }
 
-// The Jobs page: the job the address names, and a list of jobs (a user's, or the most recent).
+// The Jobs page: the job the address names, and a list of jobs (those the filter matches, or
+// the most recent).
 async function refreshJobs(linked) {
+  if (linked !== shownJob) {
+    itemsCursor = null;
+    $("#job-message").hidden = true;
+  }
   shownJob = linked;
   $("#job-detail").hidden = !shownJob;
   if (shownJob) await refreshJob();
   await listJobs();
 }
 
-async function listJobs() {
+// The jobs the filter matches, newest first: GET /jobs when it names a user or a tenant, or
+// else the newest of each of the first tenants, merged.
+async function listJobs(filter = listedFilter) {
   let jobs;
-  if (listedUser) {
-    jobs = (await api(`/jobs?user=${encodeURIComponent(listedUser)}&limit=50`)).jobs;
+  if (filter.user || filter.tenant) {
+    const query = new URLSearchParams({ ...filter, limit: LISTED_JOBS });
+    jobs = (await api(`/jobs?${query}`)).jobs;
   } else {
     const tenants = (await api("/admin/tenants")).tenants.slice(0, 20);
-    const lists = await Promise.all(tenants.map((t) =>
-      api(`/jobs?tenant=${encodeURIComponent(t.tenant)}&limit=${RECENT_JOBS}`)));
+    const lists = await Promise.all(tenants.map((t) => {
+      const query = new URLSearchParams({ ...filter, tenant: t.tenant, limit: RECENT_JOBS });
+      return api(`/jobs?${query}`);
+    }));
     jobs = lists.flatMap((list) => list.jobs)
       .sort((a, b) => (a.created_at < b.created_at ? 1 : a.created_at > b.created_at ? -1 : 0))
       .slice(0, RECENT_JOBS);
   }
   // Redrawn only when it changed, so that a link is not replaced under the pointer.
-  const signature = JSON.stringify([listedUser, jobs.map((j) => [j.job_id, j.status, j.progress])]);
+  const signature = JSON.stringify([filter, jobs.map((j) => [j.job_id, j.status, j.progress])]);
   if (signature === listedSignature) return;
   listedSignature = signature;
-  $("#job-list-title").textContent = listedUser ? `${listedUser}'s jobs` : "Recent jobs";
+  $("#job-list-title").textContent = describeFilter(filter);
   $("#job-list-title").hidden = false;
   $("#job-list").hidden = false;
+  $("#bulk").hidden = Object.keys(filter).length === 0;
   fillTable($("#job-list"), jobs, [
     (j) => link("jobs", j.job_id), (j) => j.status, (j) => j.progress, (j) => when(j.created_at),
     (j) => j.user, (j) => j.tenant,
   ]);
 }
 
+// "alice's failed jobs in tenant acme on service svc": what a filter lists, in words.
+function describeFilter(filter) {
+  if (Object.keys(filter).length === 0) return "Recent jobs";
+  const words = [filter.user ? `${filter.user}'s` : "", filter.status || "", "jobs",
+                 filter.tenant ? `in tenant ${filter.tenant}` : "",
+                 filter.service ? `on service ${filter.service}` : "",
+                 filter.submitted_before ? `submitted before ${filter.submitted_before}` : ""];
+  const text = words.filter((word) => word).join(" ");
+  return filter.user ? text : capitalized(text);
+}
+
+function capitalized(text) {
+  return text.charAt(0).toUpperCase() + text.slice(1);
+}
+
 function showJobError(error) {
-  $("#job-error").textContent = error.message;
+  $("#job-error").textContent = error.explained || error.message;
   $("#job-error").hidden = false;
 }
 
@@ -307,28 +363,113 @@ async function refreshJob() {
   $("#job-tenant").textContent = job.tenant;
   $("#job-status").textContent = job.status;
   $("#job-progress").textContent = job.progress;
-  // Only the actions the job's state allows.
+  // Only the actions the job's state allows; a retry, whenever an item failed for good, so
+  // that a refusal (a canceled job) says why.
   $("#job-detail button[data-action=pause]").hidden =
     !["accepted", "running"].includes(job.status);
   $("#job-detail button[data-action=resume]").hidden = job.status !== "paused";
   $("#job-detail button[data-action=cancel]").hidden = FINISHED.includes(job.status);
+  $("#job-detail button[data-action=retry]").hidden = !job.steps.some((step) => step.failed > 0);
   fillTable($("#job-steps"), job.steps.map((step, index) => ({ index, ...step })), [
     (s) => s.index, (s) => s.service, (s) => s.total, (s) => s.ready, (s) => s.running,
     (s) => s.successful, (s) => s.failed, (s) => s.canceled,
   ]);
-  const items = await api(`/jobs/${encodeURIComponent(shownJob)}/items?limit=100`);
-  fillTable($("#job-items"), items.items, [
+  await refreshItems();
+}
+
+// A page of the shown job's items, of the status the filter names.
+async function refreshItems() {
+  const query = new URLSearchParams({ limit: ITEMS_PAGE });
+  const status = $("#item-filter select[name=status]").value;
+  if (status) query.set("status", status);
+  if (itemsCursor) query.set("cursor", itemsCursor);
+  const page = await api(`/jobs/${encodeURIComponent(shownJob)}/items?${query}`);
+  itemsNextCursor = page.more ? page.next_cursor : null;
+  $("#items-next").disabled = !itemsNextCursor;
+  $("#items-first").disabled = !itemsCursor;
+  fillTable($("#job-items"), page.items, [
     (i) => i.id, (i) => i.step, (i) => i.status, (i) => i.attempt, (i) => i.error,
   ]);
+}
+
+// The message under a job's buttons: what an action did, or why it was refused.
+function showJobMessage(text, refused) {
+  $("#job-message").textContent = text;
+  $("#job-message").classList.toggle("error", refused);
+  $("#job-message").hidden = false;
 }
 
 async function steerJob(action) {
   if (!shownJob || !window.confirm(`${action} job ${shownJob}?`)) return;
   try {
-    await api(`/jobs/${encodeURIComponent(shownJob)}/${action}`, { method: "POST" });
+    const answer = await api(`/jobs/${encodeURIComponent(shownJob)}/${action}`, { method: "POST" });
+    const retried = answer.retried === 1
+      ? "1 failed item is ready again." : `${answer.retried} failed items are ready again.`;
+    showJobMessage(action === "retry" ? retried : `Done: ${action}.`, false);
     await refreshJob();
   } catch (error) {
-    showJobError(error);
+    showJobMessage(`${action} refused: ${error.explained || error.message}`, true);
+  }
+}
+
+// Bulk actions: a dry run counts the jobs the listed filter matches, and only the
+// confirmation of that count sends the action, with the filter that was counted.
+let bulkPending = null;
+
+function hideBulk() {
+  bulkPending = null;
+  $("#bulk-confirm").hidden = true;
+  $("#bulk-result").hidden = true;
+}
+
+function showBulkResult(text, refused) {
+  $("#bulk-result").textContent = text;
+  $("#bulk-result").classList.toggle("error", refused);
+  $("#bulk-result").hidden = false;
+}
+
+async function countForBulk(event) {
+  event.preventDefault();
+  hideBulk();
+  const action = new FormData($("#bulk")).get("action");
+  const filter = { ...listedFilter };
+  try {
+    const count = await api(`/admin/jobs/${action}`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ ...filter, dry_run: true }),
+    });
+    if (count.matched === 0) {
+      showBulkResult("No job matches the filter: nothing to do.", false);
+      return;
+    }
+    const jobs = count.matched === 1 ? "1 job" : `${count.matched} jobs`;
+    bulkPending = { action, filter };
+    $("#bulk-question").textContent = `${capitalized(action)} ${jobs}? That many match ` +
+      `"${describeFilter(filter)}" now; nothing has changed yet.`;
+    $("#bulk-yes").textContent = `Yes, ${action} ${jobs}`;
+    $("#bulk-confirm").hidden = false;
+  } catch (error) {
+    showBulkResult(`${action} refused: ${error.explained || error.message}`, true);
+  }
+}
+
+async function confirmBulk() {
+  const pending = bulkPending;
+  hideBulk();
+  if (!pending) return;
+  try {
+    const outcome = await api(`/admin/jobs/${pending.action}`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(pending.filter),
+    });
+    const { matched, changed } = outcome;
+    showBulkResult(`${pending.action}: ${matched} jobs matched, ${changed} changed.`, false);
+    listedSignature = null;
+    await listJobs();
+  } catch (error) {
+    showBulkResult(`${pending.action} refused: ${error.explained || error.message}`, true);
   }
 }
 
@@ -402,6 +543,24 @@ $("#job-find").addEventListener("submit", findJobs);
 for (const button of document.querySelectorAll("#job-detail button[data-action]")) {
   button.addEventListener("click", () => steerJob(button.dataset.action));
 }
+$("#item-filter select[name=status]").addEventListener("change", () => {
+  itemsCursor = null;
+  refreshItems().catch(showJobError);
+});
+$("#items-next").addEventListener("click", () => {
+  itemsCursor = itemsNextCursor;
+  refreshItems().catch(showJobError);
+});
+$("#items-first").addEventListener("click", () => {
+  itemsCursor = null;
+  refreshItems().catch(showJobError);
+});
+$("#bulk").addEventListener("submit", countForBulk);
+$("#bulk-yes").addEventListener("click", confirmBulk);
+$("#bulk-no").addEventListener("click", () => {
+  hideBulk();
+  showBulkResult("Nothing was changed.", false);
+});
 $("#share-service").addEventListener("change", () => {
   location.hash = `#shares/${encodeURIComponent($("#share-service").value)}`;
 });

@@ -73,12 +73,13 @@ impl Browser {
         Self { client, _driver: driver }
     }
 
-    /// Opens a page of the dashboard and waits until it has drawn itself from the API.
-    async fn open(&self, app: &TestApp, page: &str) {
+    /// Opens a page of the dashboard (`jobs`, or `jobs/<id>` for what it shows) and waits until
+    /// it has drawn itself from the API.
+    async fn open(&self, app: &TestApp, address: &str) {
         // A fresh document each time, so that `data-loaded` speaks of this page's first draw.
         self.client.goto("about:blank").await.expect("blank");
-        self.client.goto(&app.url(&format!("/ui/#{page}"))).await.expect("open the page");
-        self.await_loaded(page).await;
+        self.client.goto(&app.url(&format!("/ui/#{address}"))).await.expect("open the page");
+        self.await_loaded(address.split('/').next().unwrap_or(address)).await;
     }
 
     async fn await_loaded(&self, page: &str) {
@@ -97,6 +98,61 @@ impl Browser {
                           .map(tr => [...tr.children].map(td => td.textContent));";
         let value = self.client.execute(script, vec![json!(selector)]).await.expect("read table");
         serde_json::from_value(value).expect("rows of strings")
+    }
+
+    /// The rows of a table once `done` holds for them, or a failure naming `what` after 15 s.
+    async fn await_table(
+        &self,
+        selector: &str,
+        what: &str,
+        done: impl Fn(&[Vec<String>]) -> bool,
+    ) -> Vec<Vec<String>> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let rows = self.table(selector).await;
+            if done(&rows) {
+                return rows;
+            }
+            assert!(Instant::now() < deadline, "{what} never showed: {rows:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The text of a shown element once it contains `wanted`, or a failure after 15 s.
+    async fn await_text(&self, selector: &str, wanted: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let script = "const e = document.querySelector(arguments[0]);
+                          return e && !e.hidden && !e.closest('[hidden]') ? e.textContent : '';";
+            let value =
+                self.client.execute(script, vec![json!(selector)]).await.expect("read the text");
+            let text = value.as_str().unwrap_or_default().to_owned();
+            if text.contains(wanted) {
+                return text;
+            }
+            assert!(Instant::now() < deadline, "{selector} never said {wanted:?}: {text:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn click(&self, selector: &str) {
+        let element = self.client.find(Locator::Css(selector)).await;
+        element.unwrap_or_else(|error| panic!("{selector}: {error}")).click().await.expect("click");
+    }
+
+    async fn type_into(&self, selector: &str, text: &str) {
+        let element = self.client.find(Locator::Css(selector)).await;
+        element
+            .unwrap_or_else(|error| panic!("{selector}: {error}"))
+            .send_keys(text)
+            .await
+            .expect("type");
+    }
+
+    async fn choose(&self, selector: &str, value: &str) {
+        let element = self.client.find(Locator::Css(selector)).await;
+        let select = element.unwrap_or_else(|error| panic!("{selector}: {error}"));
+        select.select_by_value(value).await.expect("choose an option");
     }
 
     async fn screenshot(&self, name: &str) {
@@ -453,5 +509,202 @@ async fn with_auth_on_the_dashboard_asks_for_a_token_and_keeps_it_for_the_sessio
         .for_element(Locator::Css("body[data-needs-token='true']"))
         .await
         .expect("asked again");
+    browser.close().await;
+}
+
+/// Fails `item` for good, with `error`.
+async fn fail_for_good(app: &TestApp, item: &Value, error: &str) {
+    let failure = json!({ "status": "failed", "attempt": item["attempt"], "error": error,
+                          "retryable": false });
+    let response = app.report(item, failure).await;
+    assert_eq!(response.status(), 200, "fail item {item}");
+}
+
+/// The ids of a job's items of `status`, through the API.
+async fn item_ids(app: &TestApp, job: uuid::Uuid, status: &str) -> Vec<String> {
+    let page: Value =
+        app.get(&format!("/jobs/{job}/items?status={status}")).await.json().await.expect("JSON");
+    page["items"].as_array().expect("items").iter().map(|item| item["id"].to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(fairway_no_browser, ignore = "needs /usr/bin/chromium and /usr/bin/chromedriver")]
+async fn the_jobs_page_pages_a_jobs_items_shows_their_errors_and_retries_them() {
+    let browser = Browser::start().await;
+    let app = spawn_app().await;
+    // 21 items: one more than a page. Two fail for good, the rest succeed.
+    let job = app.submit_simple("erin", "svc", 21, true).await;
+    let items = app.claim_with("service=svc&querier=pod-0&max=21").await;
+    assert_eq!(items.len(), 21);
+    for (n, item) in items.iter().enumerate() {
+        match n {
+            3 => fail_for_good(&app, item, "granule G3 is corrupt").await,
+            17 => fail_for_good(&app, item, "granule G17 timed out").await,
+            _ => app.succeed(item, json!([format!("out-{n}")])).await,
+        }
+    }
+    let failed = item_ids(&app, job, "failed").await;
+    assert_eq!(failed.len(), 2);
+
+    browser.open(&app, &format!("jobs/{job}")).await;
+    let first_page =
+        browser.await_table("#job-items", "a full page of items", |rows| rows.len() == 20).await;
+    browser.click("#items-next").await;
+    let last_page =
+        browser.await_table("#job-items", "the last item", |rows| rows.len() == 1).await;
+    assert!(first_page.iter().all(|row| row[0] != last_page[0][0]), "pages don't overlap");
+    browser.click("#items-first").await;
+    browser.await_table("#job-items", "the first page again", |rows| rows.len() == 20).await;
+
+    browser.choose("#item-filter select[name=status]", "failed").await;
+    let shown = browser
+        .await_table("#job-items", "the failed items", |rows| {
+            rows.len() == 2 && rows.iter().all(|row| row[2] == "failed")
+        })
+        .await;
+    let ids: Vec<String> = shown.iter().map(|row| row[0].clone()).collect();
+    assert_eq!(ids, failed, "the API's failed items");
+    let errors: Vec<&str> = shown.iter().map(|row| row[4].as_str()).collect();
+    assert_eq!(errors, ["granule G3 is corrupt", "granule G17 timed out"]);
+    browser.screenshot("job-failed-items").await;
+
+    browser.click("#job-detail button[data-action=retry]").await;
+    browser.client.accept_alert().await.expect("confirm the retry");
+    browser.await_text("#job-message", "2 failed items are ready again").await;
+    assert_eq!(item_ids(&app, job, "ready").await, failed, "the failed items are ready again");
+    assert!(item_ids(&app, job, "failed").await.is_empty());
+    browser.await_table("#job-items", "no failed item", |rows| rows.is_empty()).await;
+    browser.choose("#item-filter select[name=status]", "ready").await;
+    let ready = browser
+        .await_table("#job-items", "the retried items", |rows| {
+            rows.len() == 2 && rows.iter().all(|row| row[2] == "ready")
+        })
+        .await;
+    assert_eq!(ready.iter().map(|row| row[0].clone()).collect::<Vec<_>>(), failed);
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(fairway_no_browser, ignore = "needs /usr/bin/chromium and /usr/bin/chromedriver")]
+async fn a_refused_retry_shows_the_apis_reason_and_changes_nothing() {
+    let browser = Browser::start().await;
+    let app = spawn_app().await;
+    let job = app.submit_simple("frank", "svc", 2, true).await;
+    let item = app.claim("svc").await.expect("an item");
+    fail_for_good(&app, &item, "bad input").await;
+    let canceled = app.post(&format!("/jobs/{job}/cancel"), &json!({})).await;
+    assert_eq!(canceled.status(), 200);
+
+    browser.open(&app, &format!("jobs/{job}")).await;
+    browser.await_text("#job-status", "canceled").await;
+    // The reaper retires the canceled job's idle queue in its own time: not between the two.
+    app.await_idle_tenant_queues_retired().await;
+    let before = app.fingerprint_apart_from_tenant_hints().await;
+    browser.click("#job-detail button[data-action=retry]").await;
+    browser.client.accept_alert().await.expect("confirm the retry");
+    let said = browser.await_text("#job-message", "retry refused").await;
+    assert!(said.contains("it was canceled") && said.contains("409, job_canceled"), "{said}");
+    assert_eq!(
+        app.fingerprint_apart_from_tenant_hints().await,
+        before,
+        "a refused retry changes nothing"
+    );
+    browser.screenshot("job-retry-refused").await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(fairway_no_browser, ignore = "needs /usr/bin/chromium and /usr/bin/chromedriver")]
+async fn a_bulk_action_on_the_filtered_jobs_asks_with_their_count_and_only_then_acts() {
+    let browser = Browser::start().await;
+    let app = spawn_app().await;
+    let mut matching = Vec::new();
+    for _ in 0..3 {
+        matching.push(app.submit_simple("gail", "svc-a", 1, true).await);
+    }
+    let others = [
+        app.submit_simple("gail", "svc-b", 1, true).await,
+        app.submit_simple("hank", "svc-a", 1, true).await,
+    ];
+
+    browser.open(&app, "jobs").await;
+    browser.type_into("#job-find input[name=user]", "gail").await;
+    browser.type_into("#job-find input[name=service]", "svc-a").await;
+    browser.choose("#job-find select[name=status]", "accepted").await;
+    browser.click("#job-find button").await;
+    browser.await_text("#job-list-title", "gail's accepted jobs on service svc-a").await;
+    let listed =
+        browser.await_table("#job-list", "gail's svc-a jobs", |rows| rows.len() == 3).await;
+    let newest_first: Vec<String> = matching.iter().rev().map(ToString::to_string).collect();
+    assert_eq!(listed.iter().map(|row| row[0].clone()).collect::<Vec<_>>(), newest_first);
+
+    let before = app.fingerprint_apart_from_tenant_hints().await;
+    browser.choose("#bulk select[name=action]", "pause").await;
+    browser.click("#bulk button").await;
+    let question = browser.await_text("#bulk-question", "Pause 3 jobs?").await;
+    assert!(question.contains("gail's accepted jobs on service svc-a"), "{question}");
+    browser.await_text("#bulk-yes", "Yes, pause 3 jobs").await;
+    browser.screenshot("bulk-confirmation").await;
+    browser.click("#bulk-no").await;
+    browser.await_text("#bulk-result", "Nothing was changed.").await;
+    assert_eq!(
+        app.fingerprint_apart_from_tenant_hints().await,
+        before,
+        "counting and going back change nothing"
+    );
+    for job in matching.iter().chain(&others) {
+        assert_eq!(app.job(*job).await["status"], "accepted");
+    }
+
+    browser.click("#bulk button").await;
+    browser.await_text("#bulk-question", "Pause 3 jobs?").await;
+    browser.click("#bulk-yes").await;
+    browser.await_text("#bulk-result", "pause: 3 jobs matched, 3 changed.").await;
+    for job in &matching {
+        assert_eq!(app.job(*job).await["status"], "paused", "{job}");
+    }
+    for job in &others {
+        assert_eq!(app.job(*job).await["status"], "accepted", "{job} is not gail's on svc-a");
+    }
+    // The list follows: no accepted job of gail's on svc-a is left.
+    browser.await_table("#job-list", "an empty list", |rows| rows.is_empty()).await;
+    app.assert_consistent().await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(fairway_no_browser, ignore = "needs /usr/bin/chromium and /usr/bin/chromedriver")]
+async fn a_reader_tokens_bulk_action_is_refused_with_the_reason() {
+    let browser = Browser::start().await;
+    let app = spawn_app_with_auth().await;
+    let job =
+        app.submit(json!({ "user": "ivy", "steps": [{ "service": "svc" }], "items": [{}] })).await;
+    let made: Value = app
+        .post("/admin/tokens", &json!({ "role": "reader", "name": "dashboard" }))
+        .await
+        .json()
+        .await
+        .expect("JSON");
+    let reader = made["token"].as_str().expect("a token");
+
+    browser.client.goto(&app.url("/ui/#jobs")).await.expect("open the page");
+    browser.type_into("#token-input", reader).await;
+    browser.click("#token-form button").await;
+    browser.await_loaded("jobs").await;
+    browser.type_into("#job-find input[name=user]", "ivy").await;
+    browser.click("#job-find button").await;
+    browser.await_table("#job-list", "ivy's job", |rows| rows.len() == 1).await;
+    let before = app.fingerprint_apart_from_tenant_hints().await;
+    browser.choose("#bulk select[name=action]", "cancel").await;
+    browser.click("#bulk button").await;
+    let said = browser.await_text("#bulk-result", "cancel refused").await;
+    assert!(said.contains("403"), "{said}");
+    assert!(browser.client.find(Locator::Css("#bulk-confirm[hidden]")).await.is_ok());
+    assert_eq!(
+        app.fingerprint_apart_from_tenant_hints().await,
+        before,
+        "a refused bulk action changes nothing"
+    );
+    assert_eq!(app.job(job).await["status"], "accepted");
     browser.close().await;
 }

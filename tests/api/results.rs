@@ -231,38 +231,76 @@ async fn jobs_are_listed_newest_first_by_user_tenant_and_status() {
     let canceled = app.post(&format!("/jobs/{}/cancel", alices[1]), &json!({})).await;
     assert_eq!(canceled.status(), 200);
 
-    let list = |query: String| {
-        let app = &app;
-        async move {
-            let mut listed = Vec::new();
-            let mut cursor = String::new();
-            loop {
-                let page = get_json(app, &format!("/jobs?{query}&limit=2&cursor={cursor}")).await;
-                let jobs = page["jobs"].as_array().expect("jobs");
-                for job in jobs {
-                    assert!(job["progress"].is_u64(), "{job}");
-                    listed.push(
-                        job["job_id"].as_str().and_then(|id| id.parse::<Uuid>().ok()).expect("id"),
-                    );
-                }
-                assert_eq!(page["more"], jobs.len() == 2, "{page}");
-                if jobs.len() < 2 {
-                    return listed;
-                }
-                cursor = page["next_cursor"].as_str().expect("next_cursor").to_owned();
-            }
-        }
-    };
+    let list = |query: &str| list_jobs(&app, query.to_owned());
     let newest_first: Vec<Uuid> = alices.iter().rev().copied().collect();
-    assert_eq!(list("user=alice".to_owned()).await, newest_first);
-    assert_eq!(list("user=alice&status=canceled".to_owned()).await, [alices[1]]);
+    assert_eq!(list("user=alice").await, newest_first);
+    assert_eq!(list("user=alice&status=canceled").await, [alices[1]]);
     assert_eq!(
-        list("user=alice&status=accepted".to_owned()).await,
+        list("user=alice&status=accepted").await,
         [alices[4], alices[3], alices[2], alices[0]]
     );
-    assert_eq!(list("user=alice&tenant=acme".to_owned()).await, [alices[4], alices[2], alices[0]]);
-    assert_eq!(list("tenant=acme".to_owned()).await, [bobs, alices[4], alices[2], alices[0]]);
-    assert_eq!(list("user=carol".to_owned()).await, Vec::<Uuid>::new());
+    assert_eq!(list("user=alice&tenant=acme").await, [alices[4], alices[2], alices[0]]);
+    assert_eq!(list("tenant=acme").await, [bobs, alices[4], alices[2], alices[0]]);
+    assert_eq!(list("user=carol").await, Vec::<Uuid>::new());
+}
+
+/// Every job `query` lists, two to a page, checking each page's `more`.
+async fn list_jobs(app: &TestApp, query: String) -> Vec<Uuid> {
+    let mut listed = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let page = get_json(app, &format!("/jobs?{query}&limit=2&cursor={cursor}")).await;
+        let jobs = page["jobs"].as_array().expect("jobs");
+        for job in jobs {
+            assert!(job["progress"].is_u64(), "{job}");
+            listed.push(job["job_id"].as_str().and_then(|id| id.parse::<Uuid>().ok()).expect("id"));
+        }
+        assert_eq!(page["more"], jobs.len() == 2, "{page}");
+        if jobs.len() < 2 {
+            return listed;
+        }
+        cursor = page["next_cursor"].as_str().expect("next_cursor").to_owned();
+    }
+}
+
+/// The filters the dashboard's list shares with the bulk actions: a step on a service, and a
+/// submission time, through every page.
+#[tokio::test]
+async fn jobs_are_listed_by_service_and_submission_time() {
+    let app = spawn_app().await;
+    let mut jobs = Vec::new();
+    for n in 0..6 {
+        let steps = if n % 2 == 0 {
+            json!([{ "service": "subsetter" }, { "service": "concat", "aggregate": true }])
+        } else {
+            json!([{ "service": "reformat" }])
+        };
+        jobs.push(app.submit(json!({ "user": "erin", "steps": steps, "items": [{}] })).await);
+    }
+    let list = |query: &str| list_jobs(&app, query.to_owned());
+    assert_eq!(list("user=erin&service=concat").await, [jobs[4], jobs[2], jobs[0]]);
+    assert_eq!(list("tenant=default&service=reformat").await, [jobs[5], jobs[3], jobs[1]]);
+    assert_eq!(list("user=erin&service=nothing").await, Vec::<Uuid>::new());
+
+    // Strictly before the fourth job's submission: the three before it.
+    let fourth = app.job(jobs[3]).await["created_at"].as_str().expect("created_at").to_owned();
+    let before = format!("submitted_before={}", fourth.replace('+', "%2B"));
+    assert_eq!(list(&format!("user=erin&{before}")).await, [jobs[2], jobs[1], jobs[0]]);
+    assert_eq!(list(&format!("user=erin&service=reformat&{before}")).await, [jobs[1]]);
+    assert_eq!(list("user=erin&submitted_before=2000-01-01T00:00:00Z").await, Vec::<Uuid>::new());
+
+    // The bulk actions' dry run counts what the listing lists.
+    for (filter, listed) in [
+        (json!({ "user": "erin", "service": "concat" }), 3),
+        (json!({ "user": "erin", "submitted_before": fourth }), 3),
+        (json!({ "service": "reformat", "status": "accepted" }), 3),
+    ] {
+        let mut body = filter.clone();
+        body["dry_run"] = json!(true);
+        let counted: Value =
+            app.post("/admin/jobs/cancel", &body).await.json().await.expect("JSON");
+        assert_eq!(counted, json!({ "matched": listed, "changed": 0 }), "{filter}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

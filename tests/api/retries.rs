@@ -216,6 +216,28 @@ async fn a_bulk_action_applies_to_the_jobs_its_filter_matches() {
     app.assert_consistent().await;
 }
 
+/// What a confirmation shows before a bulk action: how many jobs it would match, for every
+/// action, with nothing changed.
+#[tokio::test]
+async fn a_dry_run_counts_the_jobs_a_bulk_action_would_match_and_changes_nothing() {
+    let app = spawn_app().await;
+    for _ in 0..3 {
+        app.submit_simple("alice", "svc", 1, true).await;
+    }
+    let bobs = app.submit_simple("bob", "svc", 1, true).await;
+    let before = app.fingerprint().await;
+    for action in ["pause", "resume", "cancel", "retry"] {
+        let counted = bulk(&app, action, json!({ "user": "alice", "dry_run": true })).await;
+        assert_eq!(counted, counts(3, 0), "{action}");
+    }
+    let response = app.post("/admin/jobs/cancel", &json!({ "dry_run": true })).await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST, "a dry run needs a filter too");
+    assert_eq!(app.fingerprint().await, before, "dry runs change nothing");
+
+    assert_eq!(bulk(&app, "cancel", json!({ "user": "alice" })).await, counts(3, 3));
+    assert_eq!(app.job(bobs).await["status"], "accepted");
+}
+
 /// More jobs than one page of the bulk action's reads: each is met once.
 #[tokio::test]
 async fn a_bulk_action_pages_through_every_matching_job() {

@@ -239,6 +239,8 @@ async fn bad_listing_and_waiting_parameters_are_refused_naming_the_parameter() {
             "cursor",
         ),
         ("/jobs?status=running".to_owned(), "user or a tenant"),
+        ("/jobs?user=seed&submitted_before=yesterday".to_owned(), "submitted_before"),
+        ("/jobs?user=seed&submitted_before=2026-11-25".to_owned(), "submitted_before"),
         (format!("/jobs/{job}?wait=61"), "wait"),
         (format!("/jobs/{job}?wait=-1"), "wait"),
         (format!("/jobs/{job}?wait=1.5"), "wait"),

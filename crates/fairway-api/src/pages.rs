@@ -5,7 +5,9 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use crate::model::{ItemStatus, JobDocument, JobId, JobStatus, TenantName, UserName, WorkItemId};
+use crate::model::{
+    ItemStatus, JobDocument, JobId, JobStatus, ServiceName, TenantName, UserName, WorkItemId,
+};
 use crate::Invalid;
 
 /// How many entries a page holds: 1 to 10,000, 1,000 unless the client asks.
@@ -206,6 +208,16 @@ pub struct JobsPage {
 pub struct ItemFilter {
     pub step: Option<i32>,
     pub status: Option<ItemStatus>,
+}
+
+/// Which of a user's or a tenant's jobs a listing wants (None: any).
+#[derive(Debug, Clone, Default)]
+pub struct JobsFilter {
+    pub status: Option<JobStatus>,
+    /// Jobs with a step on this service.
+    pub service: Option<ServiceName>,
+    /// Jobs created before this time.
+    pub submitted_before: Option<DateTime<Utc>>,
 }
 
 /// Whose jobs a listing wants: a user's (in one tenant, or all), or a tenant's.

@@ -50,6 +50,20 @@ impl Jobs {
         action: BulkAction,
         filter: &JobFilter,
     ) -> Result<BulkOutcome, BrokerError> {
+        self.each_filtered(Some(action), filter).await
+    }
+
+    /// How many jobs `bulk` would match now, changing nothing: it reads the same pages.
+    pub async fn count_filtered(&self, filter: &JobFilter) -> Result<u64, BrokerError> {
+        Ok(self.each_filtered(None, filter).await?.matched)
+    }
+
+    /// Walks every job `filter` matches, applying `action` to each when there is one.
+    async fn each_filtered(
+        &self,
+        action: Option<BulkAction>,
+        filter: &JobFilter,
+    ) -> Result<BulkOutcome, BrokerError> {
         let mut outcome = BulkOutcome::default();
         let mut after = Uuid::nil();
         loop {
@@ -71,6 +85,7 @@ impl Jobs {
             for FilteredJob { job_id, status } in page {
                 after = job_id;
                 outcome.matched += 1;
+                let Some(action) = action else { continue };
                 if self.act(action, JobId(job_id), &status).await? {
                     outcome.changed += 1;
                 }

@@ -6,15 +6,16 @@ use std::time::Duration;
 
 use deadpool_postgres::GenericClient;
 use serde_json::value::RawValue;
+use uuid::Uuid;
 
 use crate::core::snapshot;
 use crate::db::sql::{self, ListJobItems, ListJobs};
 use crate::jobs::{job_documents, read_job};
 use crate::{BrokerError, Jobs};
-use fairway_api::model::{ItemStatus, JobDocument, JobId, JobStatus, TenantName};
+use fairway_api::model::{ItemStatus, JobDocument, JobId, JobStatus, ServiceName, TenantName};
 use fairway_api::pages::{
-    ItemDocument, ItemError, ItemFilter, ItemsCursor, ItemsPage, JobOwner, JobsCursor, JobsPage,
-    PageLimit, ResultsCursor, ResultsPage,
+    ItemDocument, ItemError, ItemFilter, ItemsCursor, ItemsPage, JobOwner, JobsCursor, JobsFilter,
+    JobsPage, PageLimit, ResultsCursor, ResultsPage,
 };
 
 impl Jobs {
@@ -96,21 +97,29 @@ impl Jobs {
         })
     }
 
-    /// A page of a user's or a tenant's jobs, newest first, optionally of one status.
+    /// A page of a user's or a tenant's jobs, newest first, of those `filter` lets through.
     pub async fn list_jobs(
         &self,
         owner: &JobOwner,
-        status: Option<JobStatus>,
+        filter: &JobsFilter,
         cursor: Option<JobsCursor>,
         limit: PageLimit,
     ) -> Result<JobsPage, BrokerError> {
         let client = self.core.client().await?;
-        let statuses: Vec<&str> = status
+        let statuses: Vec<&str> = filter
+            .status
             .map_or(JobStatus::ALL.to_vec(), |status| vec![status])
             .into_iter()
             .map(JobStatus::as_str)
             .collect();
-        let from = cursor.unwrap_or_else(JobsCursor::start);
+        let mut from = cursor.unwrap_or_else(JobsCursor::start);
+        // Jobs submitted before a time start the listing there, as if a page had ended at it
+        // with an id below every job's.
+        if let Some(before) = filter.submitted_before {
+            if (before, Uuid::nil()) < (from.created_at, from.job_id) {
+                from = JobsCursor { created_at: before, job_id: Uuid::nil() };
+            }
+        }
         let (user, tenant) = match owner {
             JobOwner::User { user, tenant } => {
                 (Some(user.as_str()), tenant.as_ref().map(TenantName::as_str))
@@ -124,6 +133,7 @@ impl Jobs {
             before_created_at: from.created_at,
             before_job_id: from.job_id,
             limit: limit.get(),
+            service: filter.service.as_ref().map(ServiceName::as_str),
         };
         let rows = sql::fetch_all(&client, &list).await?;
         let next = match rows.last() {

@@ -236,6 +236,9 @@ pub struct JobFilterBody {
     service: Option<String>,
     /// Jobs submitted before this time.
     submitted_before: Option<DateTime<Utc>>,
+    /// Count the jobs the filter matches and change none: `changed` is 0.
+    #[serde(default)]
+    dry_run: bool,
 }
 
 /// How many jobs a bulk action matched and changed.
@@ -246,7 +249,8 @@ pub struct BulkAnswer {
 }
 
 /// Pause, resume, cancel or retry every job the filter matches, each as its single-job route
-/// would, one job per transaction. A producer token touches only its tenants' jobs.
+/// would, one job per transaction. A producer token touches only its tenants' jobs. With
+/// `dry_run`, only how many jobs the filter matches now, as a confirmation would show.
 #[utoipa::path(post, path = "/admin/jobs/{action}", tag = "admin", request_body = JobFilterBody,
     params(("action" = BulkJobAction, Path, description = "What to do to each job")),
     responses(
@@ -292,6 +296,10 @@ async fn bulk_jobs(
         BulkJobAction::Cancel => BulkAction::Cancel,
         BulkJobAction::Retry => BulkAction::Retry,
     };
+    if body.dry_run {
+        let matched = broker.jobs().count_filtered(&filter).await?;
+        return Ok(HttpResponse::Ok().json(BulkAnswer { matched, changed: 0 }));
+    }
     let outcome = broker.jobs().bulk(action, &filter).await?;
     Ok(HttpResponse::Ok().json(BulkAnswer { matched: outcome.matched, changed: outcome.changed }))
 }

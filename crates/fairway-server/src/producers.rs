@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use actix_web::{web, HttpRequest, HttpResponse};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
@@ -16,7 +17,8 @@ use fairway_api::model::{
     ServiceName, StepSpec, TenantName, UserName,
 };
 use fairway_api::pages::{
-    ItemFilter, ItemsCursor, ItemsPage, JobOwner, JobsCursor, JobsPage, ResultsCursor, ResultsPage,
+    ItemFilter, ItemsCursor, ItemsPage, JobOwner, JobsCursor, JobsFilter, JobsPage, ResultsCursor,
+    ResultsPage,
 };
 use fairway_api::strategy::{parse_priority, Metadata};
 use fairway_broker::auth::Principal;
@@ -383,6 +385,12 @@ struct JobsQuery {
     /// Only jobs of this status.
     #[param(value_type = Option<JobStatus>)]
     status: Option<String>,
+    /// Only jobs with a step on this service.
+    #[param(max_length = 255)]
+    service: Option<String>,
+    /// Only jobs submitted before this time (RFC 3339, e.g. `2026-11-25T00:00:00Z`).
+    #[param(value_type = Option<String>, format = DateTime)]
+    submitted_before: Option<String>,
     /// Most jobs in a page (1 to 10,000, default 1,000).
     #[param(value_type = Option<i64>, minimum = 1, maximum = 10000)]
     limit: Option<String>,
@@ -390,7 +398,8 @@ struct JobsQuery {
     cursor: Option<String>,
 }
 
-/// A user's or a tenant's jobs, newest first, a page at a time.
+/// A user's or a tenant's jobs, newest first, a page at a time. The filters mean what they mean
+/// to `POST /admin/jobs/{action}`.
 #[utoipa::path(get, path = "/jobs", tag = "producers", params(JobsQuery),
     responses((status = 200, description = "A page of jobs.", body = JobsPage)))]
 async fn list_jobs(
@@ -421,11 +430,28 @@ async fn list_jobs(
             ))
         }
     };
-    let status = non_empty(&query.status).map(JobStatus::parse).transpose()?;
+    let filter = JobsFilter {
+        status: non_empty(&query.status).map(JobStatus::parse).transpose()?,
+        service: non_empty(&query.service).map(ServiceName::parse).transpose()?,
+        submitted_before: non_empty(&query.submitted_before).map(submission_time).transpose()?,
+    };
     let limit = page_limit(non_empty(&query.limit))?;
     let cursor = non_empty(&query.cursor).map(JobsCursor::parse).transpose()?;
-    let page = broker.jobs().list_jobs(&owner, status, cursor, limit).await?;
+    let page = broker.jobs().list_jobs(&owner, &filter, cursor, limit).await?;
     Ok(HttpResponse::Ok().json(page))
+}
+
+/// `submitted_before`, an RFC 3339 time as the bulk actions' filter takes it.
+fn submission_time(value: &str) -> Result<DateTime<Utc>, ApiError> {
+    DateTime::parse_from_rfc3339(value).map(|at| at.with_timezone(&Utc)).map_err(|error| {
+        let example = "2026-11-25T00:00:00Z";
+        ApiError::bad_request(
+            "invalid_query",
+            format!(
+                "submitted_before={value:?} is not an RFC 3339 time such as {example}: {error}"
+            ),
+        )
+    })
 }
 
 /// What a producer can do to a whole job.

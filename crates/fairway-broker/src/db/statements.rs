@@ -512,7 +512,7 @@ row! {
 
 statement! {
     /// A page of a user's jobs (`user` set, optionally only `tenant`'s) or of a tenant's
-    /// (`user` NULL), newest first.
+    /// (`user` NULL), newest first, optionally only those with a step on `service`.
     ListJobs<'a> = "list_jobs" -> JobRow {
         user: Option<&'a str>,
         tenant: Option<&'a str>,
@@ -520,6 +520,7 @@ statement! {
         before_created_at: DateTime<Utc>,
         before_job_id: Uuid,
         limit: i64,
+        service: Option<&'a str>,
     }
 }
 
