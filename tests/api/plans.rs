@@ -305,7 +305,7 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
         // The functions: a completion's counter moves, and claims from an unsharded querier
         // and from one that serves some sharded tenants, enough of them to go down actor paths.
         let deltas = format!(
-            "SELECT * FROM apply_step_deltas('{job}', 0, '{component}', -1, 1, 0, 0, 0, true)"
+            "SELECT * FROM apply_step_deltas('{job}', 0, '{component}', -1, 1, 0, 0, 0, 0, true)"
         );
         let tenant_deltas = format!(
             "SELECT apply_tenant_deltas(ARRAY['svc'], ARRAY['{component}'], ARRAY['tenant-7'], \
