@@ -21,6 +21,7 @@ LANGUAGE plpgsql
 AS $promote$
 DECLARE
     v_due bigint[];
+    v_owners text[];
     v_step record;
     v_change record;
     v_promoted integer := 0;
@@ -42,12 +43,13 @@ BEGIN
     IF cardinality(v_due) = 0 THEN
         RETURN 0;
     END IF;
+    v_owners := ARRAY(SELECT (SELECT j.username FROM jobs j WHERE j.job_id = wi.job_id)
+                        FROM work_items wi
+                       WHERE wi.id = ANY(v_due));
     PERFORM held.username
-       FROM (SELECT DISTINCT j.username
-               FROM work_items wi
-               JOIN jobs j ON j.job_id = wi.job_id
-              WHERE wi.id = ANY(v_due)
-              ORDER BY j.username) w
+       FROM (SELECT DISTINCT w.username
+               FROM unnest(v_owners) AS w(username)
+              ORDER BY w.username) w
       CROSS JOIN LATERAL (SELECT u.username
                             FROM users u
                            WHERE u.username = w.username

@@ -130,7 +130,7 @@ mod tests {
     use super::*;
 
     /// The digest of the files at [`REVISION`].
-    const PINNED_DIGEST: &str = "4a81e07a5c2fe95b031c3621747f1975670894822de70ee8ebbfc5a697af9863";
+    const PINNED_DIGEST: &str = "765a313e0e63708e939ace297989bf14765fa863f3591b309898d6400579da10";
 
     #[test]
     fn the_digest_is_pinned_for_this_revision() {
