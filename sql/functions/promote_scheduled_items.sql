@@ -65,8 +65,8 @@ BEGIN
         )
         SELECT p.job_id, p.step_index, p.component, count(*)::integer AS items
           FROM promoted p
+         -- In no particular order: the owners' rows, held, guard every row below.
          GROUP BY p.job_id, p.step_index, p.component
-         ORDER BY p.job_id, p.step_index, p.component
     LOOP
         SELECT d.service, d.tenant, d.became_claimable
           INTO v_change

@@ -62,10 +62,12 @@ SELECT job_id, 'customer', to_jsonb('customer-' || abs(hashtext(job_id::text)) %
 UNION ALL
 SELECT job_id, 'mode', to_jsonb(CASE WHEN hashtext(job_id::text) % 2 = 0 THEN 'a' ELSE 'b' END)
   FROM jobs;
-UPDATE user_work SET has_metadata = true;
 INSERT INTO strategy_running (service, key, value) SELECT DISTINCT 'svc', key, value FROM job_metadata;
+-- One update per row, with has_metadata: each row's new version then fits on its page, beside
+-- the old one, and the table keeps the order it was written in.
 UPDATE user_work uw
-   SET ready_count = c.ready, successful_count = c.done, scheduled_count = c.scheduled
+   SET ready_count = c.ready, successful_count = c.done, scheduled_count = c.scheduled,
+       has_metadata = true
   FROM (SELECT job_id, component, count(*) FILTER (WHERE status = 'ready') AS ready,
                count(*) FILTER (WHERE status = 'successful') AS done,
                count(*) FILTER (WHERE status = 'scheduled') AS scheduled

@@ -130,7 +130,7 @@ mod tests {
     use super::*;
 
     /// The digest of the files at [`REVISION`].
-    const PINNED_DIGEST: &str = "765a313e0e63708e939ace297989bf14765fa863f3591b309898d6400579da10";
+    const PINNED_DIGEST: &str = "a0137ed328cf048022bbe04a187d334214f8f9ad2670236322a916af44904b2b";
 
     #[test]
     fn the_digest_is_pinned_for_this_revision() {
