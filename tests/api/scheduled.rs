@@ -346,3 +346,21 @@ async fn bad_policies_and_times_are_refused_naming_the_field() {
     }
     assert_eq!(app.fingerprint().await, before, "a refused submission stores nothing");
 }
+
+#[tokio::test]
+async fn the_openapi_document_describes_retry_and_not_before() {
+    let app = spawn_app_with(args()).await;
+    let document: Value = app.get("/openapi.json").await.json().await.expect("JSON");
+    let schemas = &document["components"]["schemas"];
+    let submitted = &schemas["JobBody"]["properties"];
+    assert_eq!(submitted["not_before"]["format"], "date-time");
+    assert!(submitted["retry"].to_string().contains("#/components/schemas/RetryDocument"));
+    let policy = &schemas["RetryDocument"]["properties"];
+    for field in ["max_attempts", "backoff", "initial", "max"] {
+        assert!(policy.get(field).is_some(), "RetryDocument lacks {field}: {policy}");
+    }
+    assert_eq!(schemas["Backoff"]["enum"], json!(["none", "fixed", "exponential"]));
+    assert!(schemas["StepDocument"]["properties"].get("scheduled").is_some());
+    assert!(schemas["ItemDocument"]["properties"].get("not_before").is_some());
+    assert!(schemas["ItemStatus"].to_string().contains("scheduled"));
+}
