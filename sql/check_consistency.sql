@@ -14,6 +14,7 @@ WITH work AS (
            step_index,
            component,
            count(*) FILTER (WHERE status = 'ready') AS ready,
+           count(*) FILTER (WHERE status = 'scheduled') AS scheduled,
            count(*) FILTER (WHERE status = 'running') AS running,
            count(*) FILTER (WHERE status = 'successful') AS successful,
            count(*) FILTER (WHERE status = 'failed') AS failed,
@@ -25,12 +26,14 @@ WITH work AS (
            uw.step_index,
            uw.component,
            jsonb_build_object(
-               'ready_count', uw.ready_count, 'running_count', uw.running_count,
+               'ready_count', uw.ready_count, 'scheduled_count', uw.scheduled_count,
+               'running_count', uw.running_count,
                'successful_count', uw.successful_count, 'failed_count', uw.failed_count,
                'canceled_count', uw.canceled_count, 'paused', uw.paused
            ) AS recorded,
            jsonb_build_object(
-               'ready_count', coalesce(ic.ready, 0), 'running_count', coalesce(ic.running, 0),
+               'ready_count', coalesce(ic.ready, 0), 'scheduled_count', coalesce(ic.scheduled, 0),
+               'running_count', coalesce(ic.running, 0),
                'successful_count', coalesce(ic.successful, 0), 'failed_count', coalesce(ic.failed, 0),
                'canceled_count', coalesce(ic.canceled, 0), 'paused', j.status = 'paused'
            ) AS actual

@@ -11,6 +11,7 @@ SELECT steps.*
               coalesce(array_agg(uw.component ORDER BY uw.component)
                            FILTER (WHERE uw.component IS NOT NULL), '{}') AS components,
               coalesce(sum(uw.ready_count), 0)::integer AS ready_count,
+              coalesce(sum(uw.scheduled_count), 0)::integer AS scheduled_count,
               coalesce(sum(uw.running_count), 0)::integer AS running_count,
               coalesce(sum(uw.successful_count), 0)::integer AS successful_count,
               coalesce(sum(uw.failed_count), 0)::integer AS failed_count,

@@ -1,5 +1,5 @@
 -- Whether job $1's aggregating step is due its single item: every earlier step has finished
--- (nothing ready or running), the step before it has successful items, and it has no item yet.
+-- (nothing ready, scheduled or running), the step before it has successful items, and it has no item yet.
 -- Returns the step and the item's component: where the lowest successful input's results go.
 SELECT agg.step_index,
        (SELECT coalesce(wi.next_component, wi.component)
@@ -18,7 +18,8 @@ SELECT agg.step_index,
              FROM user_work mine
             WHERE mine.job_id = agg.job_id
               AND mine.step_index = agg.step_index
-              AND mine.ready_count + mine.running_count + mine.successful_count
+              AND mine.ready_count + mine.scheduled_count + mine.running_count
+                  + mine.successful_count
                   + mine.failed_count + mine.canceled_count > 0
        )
    AND NOT EXISTS (
@@ -26,7 +27,7 @@ SELECT agg.step_index,
              FROM user_work prior
             WHERE prior.job_id = agg.job_id
               AND prior.step_index < agg.step_index
-              AND (prior.ready_count > 0 OR prior.running_count > 0)
+              AND (prior.ready_count > 0 OR prior.scheduled_count > 0 OR prior.running_count > 0)
        )
    AND EXISTS (
            SELECT 1

@@ -1,13 +1,14 @@
--- Finishes each of jobs $1 that has nothing ready or running: no further item can then be
+-- Finishes each of jobs $1 that has nothing ready, scheduled or running: no further item can then be
 -- created, because new items are created in the same transaction as the change that produces
 -- them. One statement for a batch of endings, however many jobs they finished. Wakes whoever
 -- waits for a job it finished (GET /jobs/{id}?wait=), in every broker, at commit.
 WITH counts AS (
     -- Per job, from its own rows: a LATERAL sum rather than a GROUP BY, which could sort.
-    SELECT job.id AS job_id, c.ready, c.running, c.successful, c.failed
+    SELECT job.id AS job_id, c.ready, c.scheduled, c.running, c.successful, c.failed
       FROM unnest($1::uuid[]) AS job(id)
      CROSS JOIN LATERAL (
            SELECT sum(uw.ready_count) AS ready,
+                  sum(uw.scheduled_count) AS scheduled,
                   sum(uw.running_count) AS running,
                   sum(uw.successful_count) AS successful,
                   sum(uw.failed_count) AS failed
@@ -26,6 +27,7 @@ WITH counts AS (
      WHERE j.job_id = counts.job_id
        AND j.status IN ('accepted', 'running', 'paused')
        AND counts.ready = 0
+       AND counts.scheduled = 0
        AND counts.running = 0
     RETURNING j.job_id
 )

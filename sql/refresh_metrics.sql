@@ -6,6 +6,7 @@
 --   ready: the fair order's per-user counts of claimable items (service_users);
 --   running: the running items, through the leases index (one per busy worker);
 --   paused: the paused steps' ready counts (the user_work_paused index);
+--   scheduled: the steps' scheduled counts (the user_work_scheduled index);
 --   oldest_ready: each step with claimable items (user_work_claimable) and its first ready
 --     item, one probe of work_items_ready from where the step's claims start reading;
 --   active_users: users with ready or running items, per tenant and over all tenants.
@@ -60,6 +61,11 @@ WITH due AS (
       FROM user_work
      WHERE paused
        AND ready_count > 0
+     GROUP BY service, tenant
+     UNION ALL
+    SELECT service, tenant, 'scheduled', sum(scheduled_count)::float8
+      FROM user_work
+     WHERE scheduled_count > 0
      GROUP BY service, tenant
      UNION ALL
     SELECT service, tenant, 'oldest_ready', extract(epoch FROM created_at)::float8

@@ -3,13 +3,14 @@
 -- transaction that moved the items, so that the counters never drift. The caller has created
 -- the rows (sql/create_step_queues.sql).
 --
--- Arguments: the job, step and component; the ready, running, successful, failed and
--- canceled deltas; p_tenant_now applies the tenant change here rather than leaving it to the
+-- Arguments: the job, step and component; the ready, running, successful, failed, canceled
+-- and scheduled deltas (scheduled items are open work, but no fair-order row counts them);
+-- p_tenant_now applies the tenant change here rather than leaving it to the
 -- caller's apply_tenant_deltas at the end of its transaction.
 -- Answer: the step's service (NULL: no such step) and tenant; whether the user's claimable
 -- work there went from none to some (only then can a worker be waiting, so only then is a
 -- notification worth its commit-time lock, and must the tenant's queue be active); and how
--- many items of the job are still ready or running.
+-- many items of the job are still ready, scheduled or running.
 -- Locks: the caller holds the user's users row; this takes the step's user_work row, the
 -- user's service_users and actor_queues rows, and with p_tenant_now the tenant row last.
 
@@ -22,6 +23,7 @@ CREATE OR REPLACE FUNCTION apply_step_deltas(
     p_successful integer,
     p_failed integer,
     p_canceled integer,
+    p_scheduled integer,
     p_tenant_now boolean,
     OUT service text,
     OUT tenant text,
@@ -44,10 +46,11 @@ BEGIN
            running_count = uw.running_count + p_running,
            successful_count = uw.successful_count + p_successful,
            failed_count = uw.failed_count + p_failed,
-           canceled_count = uw.canceled_count + p_canceled
+           canceled_count = uw.canceled_count + p_canceled,
+           scheduled_count = uw.scheduled_count + p_scheduled
      WHERE (uw.job_id, uw.step_index, uw.component) = (p_job, p_step, p_component)
  RETURNING uw.username, uw.service, uw.tenant, uw.actor, uw.paused,
-           uw.ready_count + uw.running_count AS open_items
+           uw.ready_count + uw.scheduled_count + uw.running_count AS open_items
       INTO v_step;
     IF NOT FOUND THEN
         RETURN;
@@ -116,7 +119,7 @@ BEGIN
 
     job_open_items := v_step.open_items;
     IF job_open_items = 0 THEN
-        SELECT coalesce(sum(uw.ready_count + uw.running_count), 0)::integer
+        SELECT coalesce(sum(uw.ready_count + uw.scheduled_count + uw.running_count), 0)::integer
           INTO job_open_items
           FROM user_work uw
          WHERE uw.job_id = p_job;

@@ -1,5 +1,7 @@
 -- finish_items: ends a batch of attempts in one statement. Ending i records status
--- p_statuses[i] ('successful', 'failed', or 'ready' for a retry) for attempt p_attempts[i] of
+-- p_statuses[i] ('successful', 'failed', 'ready' for a retry at once, or 'scheduled' for a
+-- retry p_delays_ms[i] milliseconds from now, which no claim sees until the promoter makes it
+-- ready: promote_scheduled_items) for attempt p_attempts[i] of
 -- running item p_ids[i], with results p_results[i], error p_errors[i], and p_next_components[i]
 -- the component its results go on to (NULL: its own). The item keeps what the ending recorded
 -- (ended_as) and p_digests[i], the digest of the worker's report (NULL when no worker sent it),
@@ -41,7 +43,9 @@ CREATE OR REPLACE FUNCTION finish_items(
     -- Ending i's reporting token (tokens.id): it applies only to an attempt that token
     -- claimed (work_items.claimed_by). NULL (or no array): any attempt (an admin, the reaper,
     -- a broker without auth).
-    p_tokens bigint[] DEFAULT NULL
+    p_tokens bigint[] DEFAULT NULL,
+    -- Ending i's delay in milliseconds when it is scheduled (NULL, or no array: none).
+    p_delays_ms bigint[] DEFAULT NULL
 )
 RETURNS TABLE (
     ending integer,
@@ -106,9 +110,10 @@ BEGIN
         WITH requested AS (
             SELECT r.*
               FROM unnest(p_ids, p_attempts, p_statuses, p_results, p_errors, p_next_components,
-                          p_digests, p_uncounted)
+                          p_digests, p_uncounted, p_delays_ms)
                    WITH ORDINALITY
-                   AS r(id, attempt, status, results, error, next_component, digest, uncounted, i)
+                   AS r(id, attempt, status, results, error, next_component, digest, uncounted,
+                        delay_ms, i)
         ), ended AS (
             UPDATE work_items wi
                SET status = r.status::work_item_status,
@@ -120,6 +125,8 @@ BEGIN
                                    ELSE r.status::work_item_status END,
                    ending_digest = CASE WHEN r.uncounted THEN wi.ending_digest ELSE r.digest END,
                    lease_expires_at = NULL,
+                   not_before = CASE WHEN r.status = 'scheduled'
+                                     THEN now() + r.delay_ms * interval '1 millisecond' END,
                    updated_at = now()
               FROM requested r
              WHERE wi.id = r.id
@@ -148,10 +155,11 @@ BEGIN
                                 FROM job_steps agg
                                WHERE agg.job_id = wi.job_id
                                  AND agg.aggregate)
-                          AND r.status <> 'ready' AS may_aggregate
+                          AND r.status NOT IN ('ready', 'scheduled') AS may_aggregate
         ), step_deltas AS (
             SELECT e.job_id, e.step_index, e.component,
                    count(*) FILTER (WHERE e.status = 'ready') AS ready,
+                   count(*) FILTER (WHERE e.status = 'scheduled') AS scheduled,
                    count(*) AS ended,
                    count(*) FILTER (WHERE e.status = 'successful') AS successful,
                    count(*) FILTER (WHERE e.status = 'failed') AS failed
@@ -160,6 +168,7 @@ BEGIN
         ), steps AS (
             UPDATE user_work uw
                SET ready_count = uw.ready_count + d.ready,
+                   scheduled_count = uw.scheduled_count + d.scheduled,
                    running_count = uw.running_count - d.ended,
                    successful_count = uw.successful_count + d.successful,
                    failed_count = uw.failed_count + d.failed
@@ -170,7 +179,7 @@ BEGIN
                       uw.tenant, uw.actor, uw.paused, d.ended,
                       -- Paused steps' ready items are not claimable.
                       CASE WHEN uw.paused THEN 0 ELSE d.ready END AS claimable,
-                      uw.ready_count + uw.running_count AS open_items
+                      uw.ready_count + uw.scheduled_count + uw.running_count AS open_items
         ), owners AS (
             UPDATE users u
                SET running_count = u.running_count - o.ended
@@ -277,7 +286,8 @@ BEGIN
         -- The job has items open while this step has; otherwise its other steps say.
         job_open_items := v_ended.open_items;
         IF job_open_items = 0 THEN
-            SELECT coalesce(sum(uw.ready_count + uw.running_count), 0)::integer
+            SELECT coalesce(sum(uw.ready_count + uw.scheduled_count + uw.running_count),
+                            0)::integer
               INTO job_open_items
               FROM user_work uw
              WHERE uw.job_id = v_ended.job_id;

@@ -254,9 +254,10 @@ async fn end_successfully(app: &TestApp, ids: &[i64], attempts: &[i32]) -> Vec<(
     let digests: Vec<Option<&[u8]>> = vec![None; ids.len()];
     let uncounted = vec![false; ids.len()];
     let tokens: Vec<Option<i64>> = vec![None; ids.len()];
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
+    let delays: Vec<Option<i64>> = vec![None; ids.len()];
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 12] = [
         &ids, &attempts, &statuses, &results, &nothing, &nothing, &digests, &uncounted, &false,
-        &false, &tokens,
+        &false, &tokens, &delays,
     ];
     let rows = app.db.query(sql::FinishItems::SQL, &params).await.expect("finish_items");
     let mut answers: Vec<(i32, bool)> =

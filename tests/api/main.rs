@@ -24,6 +24,7 @@ mod pruning;
 mod repeats;
 mod results;
 mod retries;
+mod scheduled;
 mod schema;
 mod shutdown;
 mod strategies;

@@ -1,5 +1,5 @@
-//! The plans the hot path relies on, pinned at a million ready items, a thousand tenants and ten
-//! thousand users:
+//! The plans the hot path relies on, pinned at a million ready items beside a million scheduled
+//! ones, a thousand tenants and ten thousand users:
 //! every statement a claim or a status update runs is index probes, never a scan of the
 //! backlog or of the users, and never a sort; so is the operators' user_work listing.
 
@@ -24,8 +24,9 @@ const JIT_ABOVE_COST: f64 = 100_000.0;
 /// A thousand tenants (a tenth of them sharded over ten queriers), ten users each, two jobs per
 /// user (one synchronous, half of those under a two-level actor path), each job with metadata
 /// (`customer`: a thousand values, `mode`: two) and a priority, a million ready items dealt over
-/// them and two components, a share of them finished, and counters to match; then statistics,
-/// as autovacuum would leave them.
+/// them and two components, a share of them finished, as many scheduled items beside them (a
+/// hundredth of them due), and counters to match; then statistics, as autovacuum would leave
+/// them.
 const SEED: &str = "
 INSERT INTO tenants (tenant, max_queriers, sharded)
 SELECT 'tenant-' || t, CASE WHEN t % 10 = 0 THEN 3 ELSE 0 END, t % 10 = 0
@@ -51,16 +52,25 @@ SELECT md5('job-' || (i % $USERS + 1) || '-' || (i % 2 + 1))::uuid, 0,
        CASE WHEN i % 3 = 0 THEN 'ingester' ELSE 'store-gateway' END,
        CASE WHEN i % 10 = 0 THEN 'successful' ELSE 'ready' END::work_item_status, '{}'
   FROM generate_series(1, $ITEMS) i;
+INSERT INTO work_items (job_id, step_index, component, status, payload, not_before)
+SELECT md5('job-' || (i % $USERS + 1) || '-' || (i % 2 + 1))::uuid, 0,
+       CASE WHEN i % 3 = 0 THEN 'ingester' ELSE 'store-gateway' END, 'scheduled', '{}',
+       now() + (i % 100 - 1) * interval '1 minute'
+  FROM generate_series(1, $ITEMS) i;
 INSERT INTO job_metadata (job_id, key, value)
 SELECT job_id, 'customer', to_jsonb('customer-' || abs(hashtext(job_id::text)) % 1000) FROM jobs
 UNION ALL
 SELECT job_id, 'mode', to_jsonb(CASE WHEN hashtext(job_id::text) % 2 = 0 THEN 'a' ELSE 'b' END)
   FROM jobs;
-UPDATE user_work SET has_metadata = true;
 INSERT INTO strategy_running (service, key, value) SELECT DISTINCT 'svc', key, value FROM job_metadata;
-UPDATE user_work uw SET ready_count = c.ready, successful_count = c.done
+-- One update per row, with has_metadata: each row's new version then fits on its page, beside
+-- the old one, and the table keeps the order it was written in.
+UPDATE user_work uw
+   SET ready_count = c.ready, successful_count = c.done, scheduled_count = c.scheduled,
+       has_metadata = true
   FROM (SELECT job_id, component, count(*) FILTER (WHERE status = 'ready') AS ready,
-               count(*) FILTER (WHERE status = 'successful') AS done
+               count(*) FILTER (WHERE status = 'successful') AS done,
+               count(*) FILTER (WHERE status = 'scheduled') AS scheduled
           FROM work_items GROUP BY job_id, component) c
  WHERE (c.job_id, c.component) = (uw.job_id, uw.component);
 INSERT INTO service_users (service, component, tenant, username, ready_count, local_ready)
@@ -305,7 +315,7 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
         // The functions: a completion's counter moves, and claims from an unsharded querier
         // and from one that serves some sharded tenants, enough of them to go down actor paths.
         let deltas = format!(
-            "SELECT * FROM apply_step_deltas('{job}', 0, '{component}', -1, 1, 0, 0, 0, true)"
+            "SELECT * FROM apply_step_deltas('{job}', 0, '{component}', -1, 1, 0, 0, 0, 0, true)"
         );
         let tenant_deltas = format!(
             "SELECT apply_tenant_deltas(ARRAY['svc'], ARRAY['{component}'], ARRAY['tenant-7'], \
@@ -322,6 +332,16 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
             "no plan of the endings' counter moves ({mode})"
         );
         plans.extend(endings);
+        // The promoter: its due items from work_items_scheduled, a batch of them made ready.
+        let promotion =
+            nested_plans(&db, &mut notices, "SELECT promote_scheduled_items(1, 500)").await;
+        assert!(
+            promotion.iter().any(|(_, plan)| nodes(plan)
+                .iter()
+                .any(|node| node["Index Name"] == "work_items_scheduled")),
+            "the promoter does not read its due items from work_items_scheduled ({mode})"
+        );
+        plans.extend(promotion);
         let mut indexes = BTreeSet::new();
         let mut bounded_item_probe = false;
         for (text, plan) in &plans {

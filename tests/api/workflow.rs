@@ -134,7 +134,8 @@ async fn a_job_reports_its_steps_and_progress() {
     assert_eq!(
         document["steps"],
         json!([{ "service": "svc", "aggregate": false, "components": ["unknown"], "total": 4,
-                 "ready": 4, "running": 0, "successful": 0, "failed": 0, "canceled": 0 }])
+                 "ready": 4, "scheduled": 0, "running": 0, "successful": 0, "failed": 0,
+                 "canceled": 0 }])
     );
     let item = app.claim("svc").await.expect("item");
     app.succeed(&item, json!([])).await;

@@ -6,6 +6,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::retry::{RetryDocument, RetrySpec};
 use crate::strategy::Metadata;
 use crate::Invalid;
 
@@ -253,6 +254,10 @@ pub struct NewJob {
     pub metadata: Metadata,
     /// Higher goes first under the `priority` strategy.
     pub priority: i32,
+    /// The job's retry policy as submitted; None: the broker's --max-retries, retried at once.
+    pub retry: Option<RetrySpec>,
+    /// Its items are scheduled until then rather than ready at once.
+    pub not_before: Option<DateTime<Utc>>,
 }
 
 impl NewJob {
@@ -286,6 +291,8 @@ impl NewJob {
             items,
             metadata: Metadata::default(),
             priority: 0,
+            retry: None,
+            not_before: None,
         })
     }
 }
@@ -355,6 +362,9 @@ pub struct StepDocument {
     pub components: Vec<String>,
     pub total: i64,
     pub ready: i32,
+    /// Waiting for their time (a retry's delay, or the job's not_before): not claimable yet.
+    #[serde(default)]
+    pub scheduled: i32,
     pub running: i32,
     pub successful: i32,
     pub failed: i32,
@@ -383,6 +393,12 @@ pub struct JobDocument {
     pub status: JobStatus,
     pub progress: u8,
     pub steps: Vec<StepDocument>,
+    /// The retry policy its items follow; absent: the broker's --max-retries, retried at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryDocument>,
+    /// The time its submitted items were scheduled for, when the producer named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -470,14 +486,23 @@ pub enum ItemStatus {
     Successful,
     Failed,
     Canceled,
+    /// Waiting for its not_before time, then ready.
+    Scheduled,
 }
 
 impl ItemStatus {
-    pub const ALL: [Self; 5] =
-        [Self::Ready, Self::Running, Self::Successful, Self::Failed, Self::Canceled];
+    pub const ALL: [Self; 6] = [
+        Self::Ready,
+        Self::Running,
+        Self::Successful,
+        Self::Failed,
+        Self::Canceled,
+        Self::Scheduled,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Scheduled => "scheduled",
             Self::Ready => "ready",
             Self::Running => "running",
             Self::Successful => "successful",

@@ -151,6 +151,9 @@ pub struct ItemDocument {
     pub results: Option<Box<RawValue>>,
     /// Why it failed, when it did (the last attempt's error while it is retried).
     pub error: Option<String>,
+    /// When a scheduled item becomes ready.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }

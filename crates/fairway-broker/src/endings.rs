@@ -16,15 +16,18 @@ use crate::batch::{answer_each, batch_index, in_batch, Batches};
 use crate::core::Core;
 use crate::db::sql::{
     self, AggregatePlan, AppliedEnding, DescribeItem, ExtendLease, FindExpiredLeases, FinishItems,
-    FinishedRow, InsertAggregateItem, InsertNextStepItems, ItemRetryBases, ItemState,
-    PlanAggregateItem, RefreshJobStatus, RetryBase, Statement,
+    FinishedRow, InsertAggregateItem, InsertNextStepItems, ItemRetryPolicies, ItemRetryPolicy,
+    ItemState, PlanAggregateItem, RefreshJobStatus, Statement,
 };
 use crate::jobs::{apply_step_deltas, create_step_queues, StepDeltas, TenantDeltas, TenantRow};
 use crate::metrics::{BatchKind, Finish};
+use crate::retry::unit_random;
+use crate::rows::retry_policy;
 use crate::{BrokerError, Tenancy};
 use fairway_api::model::{
     reject_nul, ComponentName, ItemStatus, JobId, StatusUpdate, WorkItem, WorkItemId,
 };
+use fairway_api::retry::RetryPolicy;
 
 /// How an attempt ended, as recorded on the item.
 #[derive(Clone)]
@@ -61,6 +64,15 @@ struct Recorded<'a> {
     digest: Option<Vec<u8>>,
     /// Takes the claim's attempt back (a release).
     uncounted: bool,
+    /// A scheduled retry's delay in milliseconds.
+    delay_millis: Option<i64>,
+}
+
+/// What decides an item's next retry: the attempt its budget counts from, and its job's policy
+/// (None: the broker's --max-retries, retried at once).
+struct RetryBudget {
+    base: i32,
+    policy: Option<RetryPolicy>,
 }
 
 /// How many times an ending goes back to the queue because another transaction held its
@@ -348,11 +360,9 @@ impl Endings {
         // the order they are written.
         let finish_items = client.prepare_cached(FinishItems::SQL).await?;
         let ids: Vec<i64> = endings.iter().map(|ending| ending.id.0).collect();
-        let bases = self.retry_bases(&client, endings).await?;
-        let recorded: Vec<Recorded> = endings
-            .iter()
-            .map(|ending| self.record(ending, bases.get(&ending.id.0).copied().unwrap_or(0)))
-            .collect();
+        let budgets = retry_budgets(&client, endings).await?;
+        let recorded: Vec<Recorded> =
+            endings.iter().map(|ending| self.record(ending, budgets.get(&ending.id.0))).collect();
         let attempts: Vec<i32> = endings.iter().map(|ending| ending.attempt).collect();
         let statuses: Vec<&str> = recorded.iter().map(|r| r.status.as_str()).collect();
         let results: Vec<Option<Json<&Vec<Value>>>> =
@@ -362,6 +372,7 @@ impl Endings {
             recorded.iter().map(|r| r.next_component).collect();
         let digests: Vec<Option<&[u8]>> = recorded.iter().map(|r| r.digest.as_deref()).collect();
         let uncounted: Vec<bool> = recorded.iter().map(|r| r.uncounted).collect();
+        let delays_millis: Vec<Option<i64>> = recorded.iter().map(|r| r.delay_millis).collect();
         let expired_only = condition == LeaseCondition::Expired;
         let wait = owners == Owners::Wait;
         let tokens: Vec<Option<i64>> = endings.iter().map(|ending| ending.token).collect();
@@ -377,6 +388,7 @@ impl Endings {
             expired_only,
             wait_for_owners: wait,
             tokens: &tokens,
+            delays_millis: &delays_millis,
         };
         let params = finish.params();
         // Each request is sent when its future is first polled, and `biased` has try_join poll
@@ -423,7 +435,7 @@ impl Endings {
                 continue;
             }
             let finish = match ended.status {
-                ItemStatus::Ready => Finish::Retried,
+                ItemStatus::Ready | ItemStatus::Scheduled => Finish::Retried,
                 ItemStatus::Failed => Finish::Failed,
                 _ => Finish::Successful,
             };
@@ -497,33 +509,27 @@ impl Endings {
         Ok((answers, released))
     }
 
-    /// The attempt each retry budget starts from (`retry_base`), read only for the endings
-    /// whose attempt is past --max-retries: an item an operator retried has a fresh budget,
-    /// and every other item's base is 0, so the common ending pays no extra round trip. A
-    /// running item's base cannot change, since only failed items are retried.
-    async fn retry_bases(
-        &self,
-        client: &impl GenericClient,
-        endings: &[AttemptEnding],
-    ) -> Result<HashMap<i64, i32>, BrokerError> {
-        let max_retries = i64::from(self.core.settings.max_retries);
-        let past_budget: Vec<i64> = endings
-            .iter()
-            .filter(|ending| i64::from(ending.attempt) > max_retries)
-            .map(|ending| ending.id.0)
-            .collect();
-        if past_budget.is_empty() {
-            return Ok(HashMap::new());
-        }
-        let rows = sql::fetch_all(client, &ItemRetryBases { ids: &past_budget }).await?;
-        Ok(rows.into_iter().map(|RetryBase { id, retry_base }| (id, retry_base)).collect())
-    }
-
-    /// What an ending records on its item: a retryable failure is a retry while retries last,
-    /// counted from the attempt its budget starts at (`retry_base`).
-    fn record<'a>(&self, ending: &'a AttemptEnding, retry_base: i32) -> Recorded<'a> {
-        let counted = i64::from(ending.attempt) - i64::from(retry_base);
-        let retry_allowed = counted <= i64::from(self.core.settings.max_retries);
+    /// What an ending records on its item: a retryable failure (or an expired lease) is a
+    /// retry while the item's budget lasts, counted from the attempt it starts at; ready at
+    /// once, or scheduled after its policy's delay.
+    fn record<'a>(&self, ending: &'a AttemptEnding, budget: Option<&RetryBudget>) -> Recorded<'a> {
+        let (base, policy) = budget.map_or((0, None), |budget| (budget.base, budget.policy));
+        let used = i64::from(ending.attempt) - i64::from(base);
+        let failed = |error: Option<&'a str>, retryable: bool, digest: Option<Vec<u8>>| {
+            let (status, delay_millis) = match retryable {
+                true => self.retry(used, policy.as_ref()),
+                false => (ItemStatus::Failed, None),
+            };
+            Recorded {
+                status,
+                results: None,
+                error,
+                next_component: None,
+                digest,
+                uncounted: false,
+                delay_millis,
+            }
+        };
         match &ending.ending {
             Ending::Successful { results, component } => Recorded {
                 status: ItemStatus::Successful,
@@ -532,27 +538,12 @@ impl Endings {
                 next_component: component.as_ref().map(ComponentName::as_str),
                 digest: ending.digest(),
                 uncounted: false,
+                delay_millis: None,
             },
-            Ending::Failed { error, retryable } => Recorded {
-                status: if *retryable && retry_allowed {
-                    ItemStatus::Ready
-                } else {
-                    ItemStatus::Failed
-                },
-                results: None,
-                error: error.as_deref(),
-                next_component: None,
-                digest: ending.digest(),
-                uncounted: false,
-            },
-            Ending::Expired => Recorded {
-                status: if retry_allowed { ItemStatus::Ready } else { ItemStatus::Failed },
-                results: None,
-                error: Some("lease expired"),
-                next_component: None,
-                digest: None,
-                uncounted: false,
-            },
+            Ending::Failed { error, retryable } => {
+                failed(error.as_deref(), *retryable, ending.digest())
+            }
+            Ending::Expired => failed(Some("lease expired"), true, None),
             Ending::Released => Recorded {
                 status: ItemStatus::Ready,
                 results: None,
@@ -560,7 +551,26 @@ impl Endings {
                 next_component: None,
                 digest: None,
                 uncounted: true,
+                delay_millis: None,
             },
+        }
+    }
+
+    /// Where a retryable failure of an item that has used `used` attempts of its budget goes:
+    /// ready, or scheduled with a delay in milliseconds, while the budget lasts; else failed.
+    fn retry(&self, used: i64, policy: Option<&RetryPolicy>) -> (ItemStatus, Option<i64>) {
+        let Some(policy) = policy else {
+            let retry_allowed = used <= i64::from(self.core.settings.max_retries);
+            let status = if retry_allowed { ItemStatus::Ready } else { ItemStatus::Failed };
+            return (status, None);
+        };
+        if !policy.allows_another(used) {
+            return (ItemStatus::Failed, None);
+        }
+        let delay = policy.delay(u32::try_from(used).unwrap_or(u32::MAX), unit_random());
+        match i64::try_from(delay.as_millis()).unwrap_or(i64::MAX) {
+            0 => (ItemStatus::Ready, None),
+            millis => (ItemStatus::Scheduled, Some(millis)),
         }
     }
 
@@ -618,6 +628,37 @@ impl Endings {
         }
         Ok((open_items == 0).then_some(job_id))
     }
+}
+
+/// The retry budgets of the endings that may retry (retryable failures and expired leases),
+/// by item id; the others (successes, mostly) need none, and a batch of them pays no read.
+async fn retry_budgets(
+    client: &impl GenericClient,
+    endings: &[AttemptEnding],
+) -> Result<HashMap<i64, RetryBudget>, BrokerError> {
+    let may_retry: Vec<i64> = endings
+        .iter()
+        .filter(|ending| {
+            matches!(ending.ending, Ending::Failed { retryable: true, .. } | Ending::Expired)
+        })
+        .map(|ending| ending.id.0)
+        .collect();
+    if may_retry.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows = sql::fetch_all(client, &ItemRetryPolicies { ids: &may_retry }).await?;
+    Ok(rows
+        .into_iter()
+        .map(|row: ItemRetryPolicy| {
+            let policy = retry_policy(
+                row.retry_max_attempts,
+                row.retry_backoff.as_deref(),
+                row.retry_initial_ms,
+                row.retry_max_ms,
+            );
+            (row.id, RetryBudget { base: row.retry_base, policy })
+        })
+        .collect())
 }
 
 /// An expired lease the reaper found already ended by someone else.

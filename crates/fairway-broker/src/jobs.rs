@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 use uuid::Uuid;
@@ -33,6 +34,7 @@ pub(super) struct StepDeltas {
     pub successful: i32,
     pub failed: i32,
     pub canceled: i32,
+    pub scheduled: i32,
 }
 
 /// The tenant_queues side of a transaction's step changes, gathered by `apply_step_deltas` and
@@ -110,6 +112,7 @@ pub(super) async fn apply_step_deltas(
         successful: deltas.successful,
         failed: deltas.failed,
         canceled: deltas.canceled,
+        scheduled: deltas.scheduled,
         tenant_now,
     };
     let StepChange {
@@ -182,8 +185,9 @@ impl Jobs {
 }
 
 impl Jobs {
-    /// Stores a job, its steps and its first step's items, all ready at once. Refused, with
-    /// nothing stored, when the items would take the tenant past its max_outstanding.
+    /// Stores a job, its steps and its first step's items, all ready at once, or scheduled
+    /// until the job's not_before. Refused, with nothing stored, when the items would take the
+    /// tenant past its max_outstanding, or when its retry policy is invalid.
     pub async fn submit_job(&self, job: &NewJob) -> Result<JobId, BrokerError> {
         match self.submit_job_once_keyed(job, None).await? {
             Submission::Created(job_id) | Submission::Replayed { job_id, .. } => Ok(job_id),
@@ -220,6 +224,8 @@ impl Jobs {
         let tenant = job.tenant.as_str();
         let services: Vec<&str> = job.steps.iter().map(|step| step.service.as_str()).collect();
         let aggregates: Vec<bool> = job.steps.iter().map(|step| step.aggregate).collect();
+        let retry = job.retry.as_ref().map(|spec| spec.resolve(&self.core.settings.retry_defaults));
+        let retry = retry.transpose()?;
 
         let mut client = self.core.client().await?;
         let tx = client.transaction().await?;
@@ -241,6 +247,11 @@ impl Jobs {
             tenant,
             actor: job.actor.names(),
             priority: job.priority,
+            retry_max_attempts: retry.map(|policy| policy.max_attempts as i32),
+            retry_backoff: retry.map(|policy| policy.backoff.as_str()),
+            retry_initial_ms: retry.map(|policy| millis(policy.initial)),
+            retry_max_ms: retry.map(|policy| millis(policy.max)),
+            not_before: job.not_before,
         };
         sql::run(&tx, &insert).await?;
         let steps =
@@ -255,7 +266,7 @@ impl Jobs {
             };
             sql::run(&tx, &metadata).await?;
         }
-        add_first_step_items(&tx, job_id, &job.items).await?;
+        add_first_step_items(&tx, job_id, &job.items, job.not_before).await?;
         #[cfg(feature = "fault-injection")]
         self.core.faults.strike(crate::faults::Point::SubmitJob, &tx).await?;
         tx.commit().await?;
@@ -306,8 +317,9 @@ impl Jobs {
         }
     }
 
-    /// Adds ready items to the first step of an unfinished job, for producers that discover
-    /// work gradually. Refused once an aggregating step has its item: its inputs are final.
+    /// Adds items to the first step of an unfinished job, for producers that discover work
+    /// gradually: ready, or scheduled while the job's not_before is still to come. Refused
+    /// once an aggregating step has its item: its inputs are final.
     pub async fn append_items(
         &self,
         job_id: JobId,
@@ -335,7 +347,7 @@ impl Jobs {
             ));
         }
         admit(&tx, &job.tenant, items.len()).await?;
-        add_first_step_items(&tx, job_id, items).await?;
+        add_first_step_items(&tx, job_id, items, job.not_before).await?;
         let job = read_job(&tx, job_id).await?;
         tx.commit().await?;
         Ok(job)
@@ -392,7 +404,10 @@ impl Jobs {
             for ResumedService { service } in sql::fetch_all(&tx, &resume).await? {
                 sql::run(&tx, &NotifyWorkReady { service: &service }).await?;
             }
-            let started = job.steps.iter().any(|step| step.total > i64::from(step.ready));
+            let started = job
+                .steps
+                .iter()
+                .any(|step| step.total > i64::from(step.ready) + i64::from(step.scheduled));
             let status = if started { JobStatus::Running } else { JobStatus::Accepted };
             set_job_status(&tx, job_id, status).await?;
         }
@@ -401,7 +416,7 @@ impl Jobs {
         Ok(job)
     }
 
-    /// Marks every unfinished item of the job canceled. Workers holding one get 409 on their
+    /// Marks every unfinished item of the job canceled, scheduled ones too. Workers holding one get 409 on their
     /// next update. Canceling a canceled job again changes nothing.
     pub async fn cancel_job(&self, job_id: JobId) -> Result<JobDocument, BrokerError> {
         self.core.retrying("cancel_job", move || self.cancel_job_once(job_id)).await
@@ -420,12 +435,16 @@ impl Jobs {
         let mut tenant_deltas = TenantDeltas::default();
         let mut canceled = Vec::new();
         let canceled_items = sql::fetch_all(&tx, &CancelJobItems { job_id: job_id.0 }).await?;
-        for CanceledItems { step_index: step, component, ready, running } in canceled_items {
-            canceled.push((step, ready + running));
+        for CanceledItems { step_index: step, component, ready, scheduled, running } in
+            canceled_items
+        {
+            let count = ready + scheduled + running;
+            canceled.push((step, count));
             let deltas = StepDeltas {
                 ready: -ready,
+                scheduled: -scheduled,
                 running: -running,
-                canceled: ready + running,
+                canceled: count,
                 ..Default::default()
             };
             let tenant_row = TenantRow::Later(&mut tenant_deltas);
@@ -548,11 +567,19 @@ pub(super) async fn create_step_queues(
     Ok(())
 }
 
+/// A delay or time in whole milliseconds, as the database stores a retry policy's delays.
+fn millis(duration: std::time::Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Adds `items` to step 0: scheduled until `not_before` while it is to come, else ready.
 async fn add_first_step_items(
     tx: &impl GenericClient,
     job_id: JobId,
     items: &[NewItem],
+    not_before: Option<DateTime<Utc>>,
 ) -> Result<(), BrokerError> {
+    let not_before = not_before.filter(|time| *time > Utc::now());
     let mut per_component: BTreeMap<&ComponentName, i32> = BTreeMap::new();
     for item in items {
         let count = per_component.entry(&item.component).or_default();
@@ -568,12 +595,16 @@ async fn add_first_step_items(
         job_id: job_id.0,
         payloads: &payloads,
         components: &item_components,
+        not_before,
     };
     sql::run(tx, &insert).await?;
     let mut tenant_deltas = TenantDeltas::default();
     let single = per_component.len() == 1;
     for (component, count) in per_component {
-        let deltas = StepDeltas { ready: count, ..Default::default() };
+        let deltas = match not_before {
+            Some(_) => StepDeltas { scheduled: count, ..Default::default() },
+            None => StepDeltas { ready: count, ..Default::default() },
+        };
         let tenant_row = if single { TenantRow::Now } else { TenantRow::Later(&mut tenant_deltas) };
         apply_step_deltas(tx, job_id, 0, component.as_str(), deltas, tenant_row).await?;
     }

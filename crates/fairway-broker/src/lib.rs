@@ -19,6 +19,7 @@ mod listing;
 mod maintenance;
 pub mod metrics;
 mod observe;
+mod promotion;
 pub mod pruning;
 mod retry;
 mod rows;
@@ -65,6 +66,8 @@ pub struct BrokerSettings {
     pub long_poll_max: Duration,
     /// How long a submission's Idempotency-Key is remembered.
     pub idempotency_ttl: Duration,
+    /// What a submission's `retry` object leaves out.
+    pub retry_defaults: fairway_api::retry::RetryPolicy,
 }
 
 /// The broker: cheap to clone, shared by every request handler and background task. It owns

@@ -22,7 +22,7 @@ use serde::Deserialize;
 const MOST_PENDING_WAITS: usize = 10_000;
 
 /// The item states `fairway_work_items` reports.
-const STATES: [&str; 3] = ["ready", "running", "paused"];
+const STATES: [&str; 4] = ["ready", "running", "paused", "scheduled"];
 
 /// How a claim request ended, for `fairway_claims_total`.
 #[derive(Debug, Clone, Copy)]
@@ -245,7 +245,7 @@ impl Metrics {
             work_items: gauge(
                 "fairway_work_items",
                 "Work items by state: ready (claimable), running (leased), paused (ready in a \
-                 paused job).",
+                 paused job), scheduled (waiting for their not_before time).",
                 &tenant(&["service", "state"]),
             )?,
             oldest_ready_age: gauge(

@@ -63,9 +63,13 @@ impl Core {
 /// random factor in [0.5, 1.5).
 fn backoff(attempt: u32) -> Duration {
     let base = FIRST_BACKOFF * 2u32.saturating_pow(attempt.saturating_sub(1));
-    // 64 random bits are plenty for a jitter; uuid's v4 already draws them from the OS.
-    let random = (uuid::Uuid::new_v4().as_u128() as u64) as f64 / u64::MAX as f64;
-    base.mul_f64(0.5 + random)
+    base.mul_f64(0.5 + unit_random())
+}
+
+/// A random number in [0, 1] for a jitter: 64 random bits are plenty, and uuid's v4 already
+/// draws them from the OS.
+pub(crate) fn unit_random() -> f64 {
+    (uuid::Uuid::new_v4().as_u128() as u64) as f64 / u64::MAX as f64
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ use fairway_api::model::{
     UserShare, UserWorkRow, WorkItem, WorkItemId,
 };
 use fairway_api::pages::ItemDocument;
+use fairway_api::retry::{Backoff, RetryPolicy};
 use fairway_api::tenancy::{QuerierDocument, TenantDocument};
 use fairway_api::tokens::{Role, TokenDocument};
 
@@ -83,14 +84,41 @@ row! {
         priority: i32,
         metadata: Value,
         status: Stored<JobStatus>,
+        retry_max_attempts: Option<i32>,
+        retry_backoff: Option<String>,
+        retry_initial_ms: Option<i64>,
+        retry_max_ms: Option<i64>,
+        not_before: Option<DateTime<Utc>>,
         created_at: DateTime<Utc>,
         updated_at: DateTime<Utc>,
     }
 }
 
+/// A job's retry policy from its `retry_` columns (all NULL: none, the broker's default).
+pub fn retry_policy(
+    max_attempts: Option<i32>,
+    backoff: Option<&str>,
+    initial_ms: Option<i64>,
+    max_ms: Option<i64>,
+) -> Option<RetryPolicy> {
+    let millis = |ms: i64| std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    Some(RetryPolicy {
+        max_attempts: u32::try_from(max_attempts?).ok()?,
+        backoff: Backoff::parse(backoff?).ok()?,
+        initial: millis(initial_ms?),
+        max: millis(max_ms?),
+    })
+}
+
 /// A job with its steps (sql/get_jobs_steps.sql, through `step_document`).
 pub fn job_document(job: JobRow, steps: Vec<StepDocument>) -> JobDocument {
     let status = job.status.0;
+    let retry = retry_policy(
+        job.retry_max_attempts,
+        job.retry_backoff.as_deref(),
+        job.retry_initial_ms,
+        job.retry_max_ms,
+    );
     JobDocument {
         job_id: JobId(job.job_id),
         user: job.username,
@@ -102,6 +130,8 @@ pub fn job_document(job: JobRow, steps: Vec<StepDocument>) -> JobDocument {
         status,
         progress: progress(status, &steps),
         steps,
+        retry: retry.map(|policy| policy.document()),
+        not_before: job.not_before,
         created_at: job.created_at,
         updated_at: job.updated_at,
     }
@@ -115,6 +145,7 @@ row! {
         aggregate: bool,
         components: Vec<String>,
         ready_count: i32,
+        scheduled_count: i32,
         running_count: i32,
         successful_count: i32,
         failed_count: i32,
@@ -123,8 +154,9 @@ row! {
 }
 
 pub fn step_document(step: StepRow) -> StepDocument {
-    let (ready, running, successful, failed, canceled) = (
+    let (ready, scheduled, running, successful, failed, canceled) = (
         step.ready_count,
+        step.scheduled_count,
         step.running_count,
         step.successful_count,
         step.failed_count,
@@ -134,8 +166,12 @@ pub fn step_document(step: StepRow) -> StepDocument {
         service: step.service,
         aggregate: step.aggregate,
         components: step.components,
-        total: [ready, running, successful, failed, canceled].iter().map(|&n| i64::from(n)).sum(),
+        total: [ready, scheduled, running, successful, failed, canceled]
+            .iter()
+            .map(|&n| i64::from(n))
+            .sum(),
         ready,
+        scheduled,
         running,
         successful,
         failed,
@@ -233,6 +269,7 @@ impl FromRow for ItemDocument {
             inputs: row.try_get::<_, Json<Box<RawValue>>>("inputs")?.0,
             results: row.try_get::<_, Option<Json<Box<RawValue>>>>("results")?.map(|json| json.0),
             error: row.try_get("error")?,
+            not_before: row.try_get("not_before")?,
             created_at: row.try_get("created_at")?,
             updated_at: row.try_get("updated_at")?,
         })

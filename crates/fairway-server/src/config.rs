@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 use fairway_api::positive_duration;
+use fairway_api::retry::{Backoff, RetryPolicy, LONGEST_DELAY, MAX_ATTEMPTS};
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
@@ -26,9 +27,14 @@ pub struct ServeArgs {
     #[arg(long, env = "FAIRWAY_FIRST_LEASE", default_value = "0s", value_parser = humantime::parse_duration)]
     pub first_lease: Duration,
 
-    /// Retries after a retryable failure before an item fails for good.
+    /// Retries after a retryable failure before an item fails for good, for jobs submitted
+    /// without a `retry` policy (retried at once); a policy's `max_attempts` defaults to this
+    /// plus one.
     #[arg(long, env = "FAIRWAY_MAX_RETRIES", default_value_t = 3)]
     pub max_retries: u32,
+
+    #[command(flatten)]
+    pub retry: RetryArgs,
 
     /// How long a submission's Idempotency-Key is remembered: the same request with the same
     /// key within it gets the first answer again and creates nothing. Expired keys are
@@ -87,6 +93,12 @@ impl ServeArgs {
             lease: Duration::from_secs(300),
             first_lease: Duration::ZERO,
             max_retries: 3,
+            retry: RetryArgs {
+                retry_backoff: Backoff::Exponential,
+                retry_initial: Duration::from_secs(2),
+                retry_max: Duration::from_secs(600),
+                promote_interval: Duration::from_secs(1),
+            },
             reap_interval: Duration::from_secs(1),
             idempotency_ttl: Duration::from_secs(24 * 60 * 60),
             querier_forget_delay: Duration::from_secs(60),
@@ -103,6 +115,54 @@ impl ServeArgs {
             auth: AuthArgs::default(),
         }
     }
+}
+
+/// What a job's `retry` policy leaves out, and how often scheduled items are made ready.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct RetryArgs {
+    /// How a `retry` policy that names no backoff spaces its retries: none (ready again at
+    /// once), fixed (--retry-initial each time) or exponential (doubling from --retry-initial
+    /// up to --retry-max, with jitter).
+    #[arg(long, env = "FAIRWAY_RETRY_BACKOFF", default_value = "exponential", value_parser = parse_backoff)]
+    pub retry_backoff: Backoff,
+
+    /// The first retry's delay, for a `retry` policy that names no `initial`.
+    #[arg(long, env = "FAIRWAY_RETRY_INITIAL", default_value = "2s", value_parser = retry_delay)]
+    pub retry_initial: Duration,
+
+    /// The longest delay an exponential backoff grows to, for a `retry` policy that names no
+    /// `max`.
+    #[arg(long, env = "FAIRWAY_RETRY_MAX", default_value = "10m", value_parser = retry_delay)]
+    pub retry_max: Duration,
+
+    /// How often the promoter makes scheduled items whose time has come ready (a retry's
+    /// delay, a job's not_before). Brokers take turns: one promotes at a time.
+    #[arg(long, env = "FAIRWAY_PROMOTE_INTERVAL", default_value = "1s", value_parser = positive_duration)]
+    pub promote_interval: Duration,
+}
+
+impl RetryArgs {
+    /// The policy a `retry` object's missing fields come from.
+    pub fn defaults(&self, max_retries: u32) -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: max_retries.saturating_add(1).min(MAX_ATTEMPTS),
+            backoff: self.retry_backoff,
+            initial: self.retry_initial,
+            max: self.retry_max,
+        }
+    }
+}
+
+fn parse_backoff(name: &str) -> Result<Backoff, String> {
+    Backoff::parse(name).map_err(|error| error.message)
+}
+
+fn retry_delay(text: &str) -> Result<Duration, String> {
+    let delay = humantime::parse_duration(text).map_err(|error| error.to_string())?;
+    if delay > LONGEST_DELAY {
+        return Err("must be at most 7 days".to_owned());
+    }
+    Ok(delay)
 }
 
 /// The broker's connections to PostgreSQL.

@@ -20,6 +20,7 @@ use fairway_api::pages::{
     ItemFilter, ItemsCursor, ItemsPage, JobOwner, JobsCursor, JobsFilter, JobsPage, ResultsCursor,
     ResultsPage,
 };
+use fairway_api::retry::RetrySpec;
 use fairway_api::strategy::{parse_priority, Metadata};
 use fairway_broker::auth::Principal;
 use fairway_broker::{Broker, IdempotencyKey, Submission};
@@ -73,6 +74,21 @@ pub struct JobBody {
     /// Higher goes first under the `priority` strategy: -1,000,000 to 1,000,000, default 0.
     #[schema(value_type = Option<i64>, minimum = -1000000, maximum = 1000000, default = 0)]
     priority: Option<Value>,
+    /// How the items' retryable failures and expired leases are retried: `max_attempts` (1 to
+    /// 100, the first attempt included), `backoff` (`none`: ready again at once; `fixed`:
+    /// `initial` each time; `exponential`: initial × 2^(n−1) after the n-th failure, capped at
+    /// `max`, with equal jitter, between half and all of that), `initial` and `max` (such as
+    /// `2s`, `10m`; at most 7 days). A retry under a delay waits as `scheduled`, invisible to
+    /// claims, until its time. Every field is optional: those left out take the broker's
+    /// defaults (--retry-backoff, --retry-initial, --retry-max; max_attempts: --max-retries
+    /// plus one). Without `retry`: up to --max-retries retries, each ready again at once.
+    /// (Read as any JSON, so that a bad shape gets invalid_retry naming the field.)
+    #[schema(value_type = Option<fairway_api::retry::RetryDocument>)]
+    retry: Option<Value>,
+    /// An RFC 3339 time before which no item of the job is handed out: its items begin
+    /// `scheduled` (a time already past: ready at once), as do items appended before then.
+    #[schema(value_type = Option<String>, format = DateTime, example = "2030-01-01T00:00:00Z")]
+    not_before: Option<Value>,
 }
 
 fn default_is_async() -> bool {
@@ -135,6 +151,8 @@ impl JobBody {
         };
         let metadata = self.metadata.as_ref().map(Metadata::parse).transpose()?;
         let priority = self.priority.as_ref().map(parse_priority).transpose()?;
+        let retry = self.retry.as_ref().map(RetrySpec::parse).transpose()?;
+        let not_before = self.not_before.as_ref().map(parse_not_before).transpose()?;
         let mut job = NewJob::new(
             UserName::parse(&self.user)?,
             tenant,
@@ -145,8 +163,23 @@ impl JobBody {
         )?;
         job.metadata = metadata.unwrap_or_default();
         job.priority = priority.unwrap_or(0);
+        job.retry = retry;
+        job.not_before = not_before;
         Ok(job)
     }
+}
+
+/// A submission's not_before: an RFC 3339 time with its offset.
+fn parse_not_before(value: &Value) -> Result<DateTime<Utc>, ApiError> {
+    let invalid = |why: &str| {
+        ApiError::bad_request(
+            "invalid_not_before",
+            format!("not_before: {why}; write an RFC 3339 time such as \"2030-01-01T00:00:00Z\""),
+        )
+    };
+    let text = value.as_str().ok_or_else(|| invalid("must be a string"))?;
+    let time = DateTime::parse_from_rfc3339(text).map_err(|error| invalid(&error.to_string()))?;
+    Ok(time.with_timezone(&Utc))
 }
 
 /// The answer to a submission.

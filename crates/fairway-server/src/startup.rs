@@ -263,19 +263,22 @@ pub fn broker(pool: Pool, args: &ServeArgs, signals: WorkSignals) -> Result<Brok
         batch_max: args.batches.batch_max.into(),
         long_poll_max: args.long_poll_max,
         idempotency_ttl: args.idempotency_ttl,
+        retry_defaults: args.retry.defaults(args.max_retries),
     };
     let metrics = Metrics::new(args.metrics.metrics_refresh, args.metrics.metrics_tenant_label)
         .map_err(|error| StartupError::Metrics(error.to_string()))?;
     Ok(Broker::new(pool, settings, signals, Arc::new(metrics)))
 }
 
-/// The broker's upkeep, as `serve` runs it beside the HTTP server: the reaper, the queue waits
-/// of claimed items for /metrics, the vacuum of the fair order's tables unless
-/// `--vacuum-interval` is zero, and the pruner unless `--retention` is zero.
+/// The broker's upkeep, as `serve` runs it beside the HTTP server: the reaper, the promoter of
+/// scheduled items, the queue waits of claimed items for /metrics, the vacuum of the fair
+/// order's tables unless `--vacuum-interval` is zero, and the pruner unless `--retention` is
+/// zero.
 pub fn maintain(broker: &Broker, args: &ServeArgs) -> Vec<JoinHandle<()>> {
     let mut tasks = vec![
         tokio::spawn(reap(broker.clone(), args.reap_interval)),
         tokio::spawn(record_queue_waits(broker.clone())),
+        tokio::spawn(promote(broker.clone(), args.retry.promote_interval)),
     ];
     if !args.vacuum.vacuum_interval.is_zero() {
         tasks.push(tokio::spawn(vacuum(broker.clone(), args.vacuum.vacuum_interval)));
@@ -373,6 +376,18 @@ async fn watch_database(broker: Broker) {
 async fn prune(broker: Broker, args: PruneArgs) {
     every(args.prune_interval, "pruning finished jobs", || async {
         broker.maintenance().prune_finished_jobs(args.retention).await.map(drop)
+    })
+    .await
+}
+
+/// Makes due scheduled items ready, every --promote-interval.
+async fn promote(broker: Broker, interval: Duration) {
+    every(interval, "promoting scheduled items", || async {
+        let promoted = broker.maintenance().promote_scheduled_items().await?;
+        if promoted > 0 {
+            tracing::debug!(promoted, "scheduled items made ready");
+        }
+        Ok(())
     })
     .await
 }

@@ -176,8 +176,8 @@ class Client:
         page_size: int | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Every item of the job in the order they were made, across all pages, optionally of
-        one ``status`` (``ready``, ``running``, ``successful``, ``failed``, ``canceled``) and
-        one ``step``."""
+        one ``status`` (``ready``, ``scheduled``, ``running``, ``successful``, ``failed``,
+        ``canceled``) and one ``step``."""
         cursor: str | None = None
         while True:
             params = _core.page_params(page_size, cursor, status=status, step=step)

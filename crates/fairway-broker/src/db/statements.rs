@@ -129,6 +129,8 @@ statement! {
         expired_only: bool,
         wait_for_owners: bool,
         tokens: &'a [Option<i64>],
+        /// A scheduled retry's delay (NULL for any other ending).
+        delays_millis: &'a [Option<i64>],
     }
 }
 
@@ -304,6 +306,11 @@ statement! {
         tenant: &'a str,
         actor: &'a [String],
         priority: i32,
+        retry_max_attempts: Option<i32>,
+        retry_backoff: Option<&'a str>,
+        retry_initial_ms: Option<i64>,
+        retry_max_ms: Option<i64>,
+        not_before: Option<DateTime<Utc>>,
     }
 }
 
@@ -329,6 +336,8 @@ statement! {
         job_id: Uuid,
         payloads: &'a [&'a Value],
         components: &'a [&'a str],
+        /// Scheduled until then; None: ready.
+        not_before: Option<DateTime<Utc>>,
     }
 }
 
@@ -352,6 +361,7 @@ statement! {
         successful: i32,
         failed: i32,
         canceled: i32,
+        scheduled: i32,
         /// The transaction's only step change: the tenant's row moves now too.
         tenant_now: bool,
     }
@@ -444,7 +454,8 @@ statement! {
 }
 
 statement! {
-    /// Cancels every ready or running item of the job; answers how many, per step and component.
+    /// Cancels every ready, scheduled or running item of the job; answers how many, per step
+    /// and component.
     CancelJobItems = "cancel_job_items" -> CanceledItems {
         job_id: Uuid,
     }
@@ -455,6 +466,7 @@ row! {
         step_index: i32,
         component: String,
         ready: i32,
+        scheduled: i32,
         running: i32,
     }
 }
@@ -497,16 +509,35 @@ row! {
 }
 
 statement! {
-    /// The attempt each item's retry budget starts from.
-    ItemRetryBases<'a> = "item_retry_bases" -> RetryBase {
+    /// The attempt each item's retry budget starts from, and its job's retry policy.
+    ItemRetryPolicies<'a> = "item_retry_policies" -> ItemRetryPolicy {
         ids: &'a [i64],
     }
 }
 
 row! {
-    RetryBase {
+    ItemRetryPolicy {
         id: i64,
         retry_base: i32,
+        retry_max_attempts: Option<i32>,
+        retry_backoff: Option<String>,
+        retry_initial_ms: Option<i64>,
+        retry_max_ms: Option<i64>,
+    }
+}
+
+statement! {
+    /// Makes up to `limit` due scheduled items ready, unless another broker's pass holds the
+    /// promoter's lock (`promoted` NULL).
+    PromoteScheduledItems = "promote_scheduled_items" -> Promoted {
+        lock: i64,
+        limit: i32,
+    }
+}
+
+row! {
+    Promoted {
+        promoted: Option<i32>,
     }
 }
 
