@@ -29,7 +29,8 @@ struct BenchCli {
 static BENCH_DATABASE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Runs `fairway bench` with `flags` against the test server, for 1 s a path, without the
-/// wake-up and competing-tenants runs, and returns what it wrote.
+/// wake-up, competing-tenants and many-services runs (unless `flags` ask), and returns what
+/// it wrote.
 /// Callers hold BENCH_DATABASE.
 async fn bench(flags: &[&str]) -> Value {
     let url = server_url().await;
@@ -38,7 +39,9 @@ async fn bench(flags: &[&str]) -> Value {
     let path = json.to_str().expect("a UTF-8 path");
     let common = ["fairway-bench", "--database-url", &url, "--json", path, "--duration", "1s"];
     let rest = ["--wakeup-trials", "0", "--competing-tenants", "0"];
-    let cli = BenchCli::parse_from(common.iter().chain(&rest).chain(flags));
+    let one_service: &[&str] =
+        if flags.contains(&"--services-per-user") { &[] } else { &["--services-per-user", "0"] };
+    let cli = BenchCli::parse_from(common.iter().chain(&rest).chain(one_service).chain(flags));
     let args = cli.args;
     fairway_bench::run(args).await.expect("every path ran without error");
     let text = std::fs::read_to_string(&json).expect("results");
@@ -152,6 +155,34 @@ async fn the_user_counted_fifo_keeps_the_users_queue_rows_exact() {
         still_ready += ready;
     }
     assert!(still_ready < 600, "the run's last pass claimed some of the 600 items");
+}
+
+/// With ready work in three services a user keeps exact counters, though a claim moves only the
+/// queue row it claims from; and the WAL says what each claim wrote.
+#[tokio::test]
+async fn work_in_several_services_keeps_the_counters_exact_and_writes_are_counted() {
+    let _only = BENCH_DATABASE.lock().await;
+    let flags =
+        ["--points", "4x600", "--paths", "fair", "--wide-max", "1", "--services-per-user", "3"];
+    let report = bench(&flags).await;
+    let runs = report["runs"].as_array().expect("runs");
+    let legs: Vec<&str> = runs.iter().filter_map(|run| run["path"].as_str()).collect();
+    assert_eq!(legs, ["fair", "fair_services"]);
+    for run in runs {
+        assert_eq!(run["errors"], 0, "{run}");
+        // A claim with its completion writes at least the item twice and a counter row.
+        let rows = run["writes"]["rows"].as_f64().expect("rows written, from the WAL");
+        assert!(rows >= 3.0, "{run}");
+        assert!(run["writes"]["index_entries"].as_f64().is_some_and(|n| n >= 2.0), "{run}");
+    }
+    let db = bench_database().await;
+    let services: i64 = db
+        .query_one("SELECT count(DISTINCT service) FROM service_users WHERE ready_count > 0", &[])
+        .await
+        .expect("services with ready work")
+        .get(0);
+    assert_eq!(services, 3, "every user has ready work in three services");
+    assert_counters_exact().await;
 }
 
 /// A connection to the database `fairway bench` measures in.
