@@ -7,6 +7,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::strategy::Metadata;
+use crate::traceparent::TraceParent;
 use crate::Invalid;
 
 /// A job's id, as producers see it.
@@ -253,6 +254,8 @@ pub struct NewJob {
     pub metadata: Metadata,
     /// Higher goes first under the `priority` strategy.
     pub priority: i32,
+    /// The producer's trace, handed to the job's workers with each item.
+    pub traceparent: Option<TraceParent>,
 }
 
 impl NewJob {
@@ -286,6 +289,7 @@ impl NewJob {
             items,
             metadata: Metadata::default(),
             priority: 0,
+            traceparent: None,
         })
     }
 }
@@ -426,6 +430,14 @@ pub struct WorkItem {
     pub inputs: Box<RawValue>,
     pub attempt: i32,
     pub lease_expires_at: DateTime<Utc>,
+    /// The W3C `traceparent` its job was submitted with, so that the worker continues the
+    /// producer's trace; absent when the job has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(example = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+    )]
+    pub traceparent: Option<String>,
 }
 
 /// Who asks for work.

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::core::Core;
@@ -19,10 +20,11 @@ use crate::db::sql::{
 };
 use crate::metrics::Finish;
 use crate::rows::{self, JobRow};
-use crate::BrokerError;
+use crate::{traces, BrokerError};
 use fairway_api::model::{
     reject_nul, ComponentName, JobDocument, JobId, JobStatus, NewItem, NewJob, StepDocument,
 };
+use fairway_api::traceparent::TraceParent;
 use tokio_postgres::types::Json;
 
 /// Changes to a job step's item counts, applied with `apply_step_deltas.sql`.
@@ -207,7 +209,18 @@ impl Jobs {
         job: &NewJob,
         key: Option<&IdempotencyKey>,
     ) -> Result<Submission, BrokerError> {
-        self.core.retrying("submit_job", move || self.submit_job_once(job, key)).await
+        let span = tracing::info_span!(
+            target: traces::TARGET,
+            "submit",
+            user = job.user.as_str(),
+            tenant = job.tenant.as_str(),
+            items = job.items.len(),
+            service = %job.steps.iter().map(|step| step.service.as_str()).collect::<Vec<_>>().join(","),
+        );
+        self.core
+            .retrying("submit_job", move || self.submit_job_once(job, key))
+            .instrument(span)
+            .await
     }
 
     async fn submit_job_once(
@@ -241,6 +254,7 @@ impl Jobs {
             tenant,
             actor: job.actor.names(),
             priority: job.priority,
+            traceparent: job.traceparent.as_ref().map(TraceParent::as_str),
         };
         sql::run(&tx, &insert).await?;
         let steps =

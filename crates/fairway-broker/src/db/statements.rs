@@ -93,6 +93,21 @@ row! {
 }
 
 statement! {
+    /// The traceparents of the jobs a claim batch handed out items of, for those that have one.
+    JobTraceparents<'a> = "job_traceparents" -> JobTraceparent {
+        job_ids: &'a [Uuid],
+    }
+}
+
+row! {
+    /// A job's W3C traceparent.
+    JobTraceparent {
+        job_id: Uuid,
+        traceparent: String,
+    }
+}
+
+statement! {
     /// Whether the service has claimable work for the querier at all.
     HasClaimableWork<'a> = "has_claimable_work" -> () {
         service: &'a str,
@@ -304,6 +319,7 @@ statement! {
         tenant: &'a str,
         actor: &'a [String],
         priority: i32,
+        traceparent: Option<&'a str>,
     }
 }
 
