@@ -109,15 +109,16 @@ impl Claims {
             let mut released = pin!(signal.released());
             released.as_mut().enable();
             match self.look_for_work(request).await? {
-                Look::Claimed(mut items, traceparents) => {
+                Look::Claimed(items, traceparents) => {
                     signal.release_one();
+                    let mut claimed = Unhanded { endings: self.endings.clone(), items };
                     if let Some(traceparents) = traceparents {
                         let traceparents = traceparents.await;
-                        for item in &mut items {
+                        for item in &mut claimed.items {
                             item.traceparent = traceparents.get(&item.job_id.0).cloned();
                         }
                     }
-                    return Ok(items);
+                    return Ok(std::mem::take(&mut claimed.items));
                 }
                 Look::Nothing => return Ok(Vec::new()),
                 Look::NotMember => self.tenancy.join_querier(request.querier.as_str()).await?,
@@ -206,6 +207,8 @@ impl Claims {
         job_ids.dedup();
         let core = self.core.clone();
         let read = tokio::spawn(async move {
+            #[cfg(feature = "fault-injection")]
+            core.faults.pause(crate::faults::Point::TraceparentsRead).await;
             let read = async {
                 let client = core.client().await?;
                 traces::job_traceparents(&client, &job_ids).await
@@ -357,6 +360,23 @@ impl Claims {
                     return Ok(items);
                 }
             }
+        }
+    }
+}
+
+/// Items claimed for a caller that may leave while their traceparents are read: dropped with
+/// items, it puts them back at once, as `unread_looks` does for callers that left during the
+/// batch, rather than leave them leased to no one.
+struct Unhanded {
+    endings: Endings,
+    items: Vec<WorkItem>,
+}
+
+impl Drop for Unhanded {
+    fn drop(&mut self) {
+        if !self.items.is_empty() {
+            let (endings, items) = (self.endings.clone(), std::mem::take(&mut self.items));
+            tokio::spawn(async move { endings.release_unanswered(items).await });
         }
     }
 }
