@@ -5,7 +5,9 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 use fairway_bench::args::BenchArgs;
 use fairway_chaos::args::{ChaosArgs, ChaosDriveArgs};
@@ -13,6 +15,7 @@ use fairway_client::args::{AdminArgs, DemoArgs, SubmitArgs, WorkerArgs};
 use fairway_devdb::{DatabaseArgs, PostgresArgs};
 use fairway_server::config::ServeArgs;
 use fairway_server::startup::Application;
+use fairway_server::telemetry::Traces;
 
 /// The database the private server holds the broker's tables in.
 const EMBEDDED_DATABASE: &str = "fairway";
@@ -76,15 +79,31 @@ struct ServeCommand {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_ansi(std::io::stdout().is_terminal());
-    match cli.log_format {
-        LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().flatten_event(true).with_current_span(false).init(),
-    }
+    let traces = match &cli.command {
+        Command::Serve(command) => match Traces::start(&command.serve.traces) {
+            Ok(traces) => traces,
+            Err(error) => {
+                eprintln!("fairway: {error}");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
+    let logs = tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal());
+    let logs = match cli.log_format {
+        LogFormat::Text => logs.boxed(),
+        LogFormat::Json => logs.json().flatten_event(true).with_current_span(false).boxed(),
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // The spans meant for the trace exporter stay out of the log, whatever RUST_LOG says: with
+    // no exporter, no one wants them, and they are never made.
+    let filter = filter.add_directive(
+        format!("{}=off", fairway_broker::traces::TARGET).parse().expect("a valid directive"),
+    );
+    tracing_subscriber::registry()
+        .with(logs.with_filter(filter))
+        .with(traces.as_ref().map(Traces::layer))
+        .init();
     let outcome = match cli.command {
         Command::Serve(command) => serve(command).await,
         Command::Bench(args) => fairway_bench::run(args).await.map_err(|error| error.to_string()),
@@ -109,6 +128,10 @@ async fn main() -> ExitCode {
             fairway_chaos::drive(args).await.map_err(|error| error.to_string())
         }
     };
+    if let Some(traces) = traces {
+        // Sending the last spans blocks on the receiver's answer.
+        let _ = tokio::task::spawn_blocking(move || traces.shut_down()).await;
+    }
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {

@@ -518,3 +518,35 @@ async fn submit_with_an_idempotency_key_creates_one_job_however_often_it_runs() 
     let jobs: i64 = app.db.query_one("SELECT count(*) FROM jobs", &[]).await.expect("jobs").get(0);
     assert_eq!(jobs, 1);
 }
+
+#[tokio::test]
+async fn the_worker_hands_its_command_the_traceparent_of_the_items_job() {
+    let app = spawn_app().await;
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let job = json!({"user": "alice", "steps": [{"service": "trace"}], "items": [{"payload": {}}]});
+    let traced = app
+        .request(reqwest::Method::POST, "/jobs")
+        .header("traceparent", traceparent)
+        .json(&job)
+        .send()
+        .await
+        .expect("submit");
+    let traced: Value = traced.json().await.expect("JSON");
+    let traced: Uuid = traced["job_id"].as_str().and_then(|id| id.parse().ok()).expect("job id");
+    let untraced = app.submit_simple("bob", "trace", 1, false).await;
+    let script = r#"printf '["%s"]' "${TRACEPARENT:-none}""#;
+    let mut child = worker(&app, "trace", &[], script);
+    for job in [traced, untraced] {
+        await_job(&app, job, Duration::from_secs(30), |job| job["status"] == "successful").await;
+    }
+    assert!(terminate(&mut child).await.success());
+
+    for (job, expected) in [(traced, traceparent), (untraced, "none")] {
+        let row = app
+            .db
+            .query_one("SELECT results FROM work_items WHERE job_id = $1", &[&job])
+            .await
+            .expect("the item");
+        assert_eq!(row.get::<_, Value>(0), json!([expected]), "job {job}");
+    }
+}

@@ -29,6 +29,7 @@ mod schema;
 mod shutdown;
 mod strategies;
 mod tenants;
+mod traces;
 mod validation;
 mod workflow;
 mod workspace;

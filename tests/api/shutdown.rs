@@ -55,8 +55,8 @@ async fn broker_process(config: &tokio_postgres::Config, stdout: Stdio) -> (Chil
     broker_process_with(config, stdout, &[]).await
 }
 
-/// As [`broker_process`], with more environment variables.
-async fn broker_process_with(
+/// As [`broker_process`], with more environment variables (the traces test uses it too).
+pub(crate) async fn broker_process_with(
     config: &tokio_postgres::Config,
     stdout: Stdio,
     env: &[(&str, &str)],

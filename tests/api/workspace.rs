@@ -117,3 +117,12 @@ fn the_client_needs_neither_actix_nor_a_postgresql_driver() {
     assert_none("fairway-client", client, &["fairway-broker", "fairway-server"]);
     assert_none("fairway-client", client, &["actix-web", "tokio-postgres", "deadpool-postgres"]);
 }
+
+#[test]
+fn the_wire_types_and_the_client_carry_no_trace_exporter() {
+    let graph = graph();
+    let exporter = ["opentelemetry", "opentelemetry_sdk", "opentelemetry-otlp"];
+    for product in ["fairway-api", "fairway-client"] {
+        assert_none(product, &graph.reachable[product], &exporter);
+    }
+}

@@ -10,6 +10,7 @@ pub mod strategy;
 pub mod summary;
 pub mod tenancy;
 pub mod tokens;
+pub mod traceparent;
 
 pub use error::Invalid;
 

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use crate::retry::{RetryDocument, RetrySpec};
 use crate::strategy::Metadata;
+use crate::traceparent::TraceParent;
 use crate::Invalid;
 
 /// A job's id, as producers see it.
@@ -258,6 +259,8 @@ pub struct NewJob {
     pub retry: Option<RetrySpec>,
     /// Its items are scheduled until then rather than ready at once.
     pub not_before: Option<DateTime<Utc>>,
+    /// The producer's trace, handed to the job's workers with each item.
+    pub traceparent: Option<TraceParent>,
 }
 
 impl NewJob {
@@ -293,6 +296,7 @@ impl NewJob {
             priority: 0,
             retry: None,
             not_before: None,
+            traceparent: None,
         })
     }
 }
@@ -442,6 +446,14 @@ pub struct WorkItem {
     pub inputs: Box<RawValue>,
     pub attempt: i32,
     pub lease_expires_at: DateTime<Utc>,
+    /// The W3C `traceparent` its job was submitted with, so that the worker continues the
+    /// producer's trace; absent when the job has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(example = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+    )]
+    pub traceparent: Option<String>,
 }
 
 /// Who asks for work.

@@ -1,7 +1,7 @@
 //! Ending attempts: workers' status reports and heartbeats, repeated reports, claims whose
 //! answer reached no worker, and the reaper's expired leases, each batch in one transaction.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +23,7 @@ use crate::jobs::{apply_step_deltas, create_step_queues, StepDeltas, TenantDelta
 use crate::metrics::{BatchKind, Finish};
 use crate::retry::unit_random;
 use crate::rows::retry_policy;
-use crate::{BrokerError, Tenancy};
+use crate::{traces, BrokerError, Tenancy};
 use fairway_api::model::{
     reject_nul, ComponentName, ItemStatus, JobId, StatusUpdate, WorkItem, WorkItemId,
 };
@@ -46,6 +46,7 @@ enum Ending {
 /// An attempt that ended: its service, and whether the querier that held it is shutting down
 /// (it may have released its last lease).
 struct Ended {
+    job_id: uuid::Uuid,
     service: String,
     tenant: String,
     status: ItemStatus,
@@ -346,7 +347,17 @@ impl Endings {
             LeaseCondition::Any => "end_attempts",
             LeaseCondition::Expired => "expire_leases",
         };
-        self.core.retrying(operation, || self.end_batch_once(endings, condition, owners)).await
+        let span = tracing::info_span!(
+            target: traces::TARGET,
+            "ending batch",
+            batch_size = endings.len(),
+            operation,
+            service = tracing::field::Empty,
+        );
+        let span = &span;
+        self.core
+            .retrying(operation, || self.end_batch_once(endings, condition, owners, span))
+            .await
     }
 
     async fn end_batch_once(
@@ -354,6 +365,7 @@ impl Endings {
         endings: &[AttemptEnding],
         condition: LeaseCondition,
         owners: Owners,
+        span: &tracing::Span,
     ) -> Result<Vec<Result<Answer, BrokerError>>, BrokerError> {
         let client = self.core.client().await?;
         // Prepared before anything is sent, so that the pipelined requests below go out in
@@ -449,6 +461,9 @@ impl Endings {
                 tracing::warn!(%error, "retiring queriers after their leases ended");
             }
         }
+        if !span.is_disabled() {
+            trace_batch(&client, span, &released).await;
+        }
         Ok(answers)
     }
 
@@ -480,6 +495,7 @@ impl Endings {
                 maybe_done.push(job.0);
             }
             released.push(Ended {
+                job_id: applied.job_id,
                 service: applied.service.clone(),
                 tenant: applied.tenant.clone(),
                 status,
@@ -735,5 +751,22 @@ fn refusal(item: &ItemState, id: WorkItemId, attempt: i32, token: Option<i64>) -
             "stale_attempt",
             format!("attempt {attempt} of work item {id} no longer holds a lease"),
         ),
+    }
+}
+
+/// Names the services of an ending batch that committed on its span, and has it continue its
+/// jobs' traces. Only while traces are exported: it costs a statement, and a failure costs
+/// only the span's parent.
+async fn trace_batch(client: &impl GenericClient, span: &tracing::Span, ended: &[Ended]) {
+    let services: BTreeSet<&str> = ended.iter().map(|ended| ended.service.as_str()).collect();
+    span.record("service", services.into_iter().collect::<Vec<_>>().join(","));
+    let mut job_ids: Vec<uuid::Uuid> = ended.iter().map(|ended| ended.job_id).collect();
+    job_ids.sort_unstable();
+    job_ids.dedup();
+    match traces::job_traceparents(client, &job_ids).await {
+        Ok(traceparents) => {
+            traces::continue_traces(span, traceparents.values().map(String::as_str))
+        }
+        Err(error) => tracing::warn!(%error, "reading the traceparents of ended items' jobs"),
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::core::Core;
@@ -20,10 +21,11 @@ use crate::db::sql::{
 };
 use crate::metrics::Finish;
 use crate::rows::{self, JobRow};
-use crate::BrokerError;
+use crate::{traces, BrokerError};
 use fairway_api::model::{
     reject_nul, ComponentName, JobDocument, JobId, JobStatus, NewItem, NewJob, StepDocument,
 };
+use fairway_api::traceparent::TraceParent;
 use tokio_postgres::types::Json;
 
 /// Changes to a job step's item counts, applied with `apply_step_deltas.sql`.
@@ -211,7 +213,18 @@ impl Jobs {
         job: &NewJob,
         key: Option<&IdempotencyKey>,
     ) -> Result<Submission, BrokerError> {
-        self.core.retrying("submit_job", move || self.submit_job_once(job, key)).await
+        let span = tracing::info_span!(
+            target: traces::TARGET,
+            "submit",
+            user = job.user.as_str(),
+            tenant = job.tenant.as_str(),
+            items = job.items.len(),
+            service = %job.steps.iter().map(|step| step.service.as_str()).collect::<Vec<_>>().join(","),
+        );
+        self.core
+            .retrying("submit_job", move || self.submit_job_once(job, key))
+            .instrument(span)
+            .await
     }
 
     async fn submit_job_once(
@@ -252,6 +265,7 @@ impl Jobs {
             retry_initial_ms: retry.map(|policy| millis(policy.initial)),
             retry_max_ms: retry.map(|policy| millis(policy.max)),
             not_before: job.not_before,
+            traceparent: job.traceparent.as_ref().map(TraceParent::as_str),
         };
         sql::run(&tx, &insert).await?;
         let steps =

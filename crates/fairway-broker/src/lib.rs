@@ -25,6 +25,7 @@ mod retry;
 mod rows;
 mod signals;
 mod tenancy;
+pub mod traces;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

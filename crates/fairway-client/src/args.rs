@@ -259,7 +259,8 @@ pub struct WorkerArgs {
 
     /// The command run per item, with the item's JSON on standard input. Exit 0 with a JSON
     /// array on standard output: successful, those are the results. Otherwise: failed, with
-    /// the end of standard error as the error.
+    /// the end of standard error as the error. When the item's job was submitted with a W3C
+    /// traceparent, the command gets it as TRACEPARENT, to continue the producer's trace.
     #[arg(required = true, last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
 }

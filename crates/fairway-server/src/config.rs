@@ -80,6 +80,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub auth: AuthArgs,
+
+    #[command(flatten)]
+    pub traces: TraceArgs,
 }
 
 impl ServeArgs {
@@ -113,6 +116,7 @@ impl ServeArgs {
                 metrics_tenant_label: false,
             },
             auth: AuthArgs::default(),
+            traces: TraceArgs::default(),
         }
     }
 }
@@ -208,6 +212,28 @@ impl Default for AuthArgs {
             metrics_require_token: false,
             auth_cache_ttl: Duration::from_secs(5),
         }
+    }
+}
+
+/// Where the broker's OpenTelemetry traces go (docs/operating.md).
+#[derive(Debug, Clone, Default, Args)]
+pub struct TraceArgs {
+    /// Export OpenTelemetry traces over OTLP/HTTP (protobuf) to URL/v1/traces, e.g.
+    /// http://127.0.0.1:4318: a span per HTTP request (named by its route), claim batch,
+    /// ending batch and submission, continuing the W3C traceparent a job was submitted with.
+    /// Off by default: no exporter runs. Spans go out in batches every OTEL_BSP_SCHEDULE_DELAY
+    /// milliseconds (default 5000).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL", value_parser = otlp_endpoint)]
+    pub otlp_endpoint: Option<String>,
+}
+
+/// An OTLP/HTTP base URL, without the trailing slash the signal's path is appended after.
+fn otlp_endpoint(text: &str) -> Result<String, String> {
+    let base = text.trim_end_matches('/');
+    let host = base.strip_prefix("http://").or_else(|| base.strip_prefix("https://"));
+    match host {
+        Some(host) if !host.is_empty() => Ok(base.to_owned()),
+        _ => Err("must be an http:// or https:// URL, such as http://127.0.0.1:4318".to_owned()),
     }
 }
 

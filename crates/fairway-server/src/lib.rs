@@ -10,6 +10,7 @@ pub mod openapi;
 mod producers;
 mod query;
 pub mod startup;
+pub mod telemetry;
 mod tokens;
 mod ui;
 mod workers;
@@ -25,11 +26,12 @@ use actix_web::http::ConnectionType;
 use actix_web::middleware::Next;
 use actix_web::web;
 
+use tracing::Instrument;
 use uuid::Uuid;
 
 use error::{json_error, path_error, ApiError};
 use fairway_api::pages::PageLimit;
-use fairway_broker::Broker;
+use fairway_broker::{traces, Broker};
 
 /// The answer for a path no route matches: a JSON error like every other.
 pub async fn no_such_route(request: actix_web::HttpRequest) -> Result<(), error::ApiError> {
@@ -145,9 +147,23 @@ pub async fn observe(
         traffic.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight(&traffic.in_flight)
     });
-    let mut response = next.call(request).await?;
+    let span = tracing::info_span!(
+        target: traces::TARGET,
+        "HTTP request",
+        otel.name = %format!("{method} {route}"),
+        otel.kind = "server",
+        http.request.method = %method,
+        http.route = %route,
+        http.response.status_code = tracing::field::Empty,
+    );
+    // The caller's trace, when it sends one: a worker continuing a producer's trace.
+    if let Some(traceparent) = request.headers().get(TRACEPARENT) {
+        traces::continue_traces(&span, traceparent.to_str().ok());
+    }
+    let mut response = next.call(request).instrument(span.clone()).await?;
     let took = started.elapsed();
     let status = response.status().as_u16();
+    span.record("http.response.status_code", status);
     if let Ok(value) = HeaderValue::from_str(&request_id) {
         response.headers_mut().insert(HeaderName::from_static(REQUEST_ID), value);
     }
@@ -168,6 +184,9 @@ pub async fn observe(
     }
     Ok(response)
 }
+
+/// The W3C Trace Context header: the caller's trace (docs/operating.md).
+pub const TRACEPARENT: &str = "traceparent";
 
 /// The header that carries a request's id, both ways.
 const REQUEST_ID: &str = "x-request-id";

@@ -22,6 +22,7 @@ use fairway_api::pages::{
 };
 use fairway_api::retry::RetrySpec;
 use fairway_api::strategy::{parse_priority, Metadata};
+use fairway_api::traceparent::TraceParent;
 use fairway_broker::auth::Principal;
 use fairway_broker::{Broker, IdempotencyKey, Submission};
 
@@ -212,15 +213,28 @@ fn idempotency_key(request: &HttpRequest) -> Result<Option<String>, ApiError> {
     Ok(Some(key.to_owned()))
 }
 
+/// The `traceparent` header, if any: the producer's trace, which the job's workers continue.
+fn traceparent(request: &HttpRequest) -> Result<Option<TraceParent>, ApiError> {
+    let Some(value) = request.headers().get(crate::TRACEPARENT) else {
+        return Ok(None);
+    };
+    let text = value.to_str().map_err(|_| {
+        ApiError::bad_request("invalid_traceparent", "traceparent must be printable ASCII")
+    })?;
+    Ok(Some(TraceParent::parse(text)?))
+}
+
 /// Submit a job. With an `Idempotency-Key` header, the same request sent again with the same
 /// key (within --idempotency-ttl) gets the first answer, with `Idempotent-Replayed: true`, and
 /// creates nothing.
 #[utoipa::path(post, path = "/jobs", tag = "producers", request_body = JobBody,
     params(("Idempotency-Key" = Option<String>, Header,
-        description = "1 to 255 printable ASCII characters; scoped to the token (auth off: to the job's user).")),
+        description = "1 to 255 printable ASCII characters; scoped to the token (auth off: to the job's user)."),
+        ("traceparent" = Option<String>, Header,
+        description = "A W3C Trace Context traceparent (`00-<trace id>-<span id>-<flags>`): stored with the job and handed to its workers with each item, so that they continue the producer's trace.")),
     responses(
     (status = 201, description = "Stored; its items are ready. Or, with `Idempotent-Replayed: true`, the first answer to this key.", body = Submitted),
-    (status = 400, description = "An invalid body or Idempotency-Key; nothing was stored.", body = ErrorBody),
+    (status = 400, description = "An invalid body, Idempotency-Key or traceparent; nothing was stored.", body = ErrorBody),
     (status = 409, description = "`idempotency_key_reused`: the key was used with another request; nothing was stored.", body = ErrorBody),
     (status = 429, description = "The tenant's waiting items would pass its max_outstanding; nothing was stored.", body = ErrorBody),
 ))]
@@ -231,12 +245,14 @@ async fn submit_job(
     body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {
     let key = idempotency_key(&request)?;
+    let traceparent = traceparent(&request)?;
     let body = body.into_inner();
-    let job = serde_json::from_value::<JobBody>(body.clone())
+    let mut job = serde_json::from_value::<JobBody>(body.clone())
         .map_err(|error| {
             ApiError::bad_request("invalid_body", format!("invalid request body: {error}"))
         })?
         .validate()?;
+    job.traceparent = traceparent;
     check_tenant(&principal, job.tenant.as_str())?;
     let Some(key) = key else {
         let job_id = broker.jobs().submit_job(&job).await?;

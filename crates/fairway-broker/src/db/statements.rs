@@ -93,6 +93,21 @@ row! {
 }
 
 statement! {
+    /// The traceparents of the jobs a claim batch handed out items of, for those that have one.
+    JobTraceparents<'a> = "job_traceparents" -> JobTraceparent {
+        job_ids: &'a [Uuid],
+    }
+}
+
+row! {
+    /// A job's W3C traceparent.
+    JobTraceparent {
+        job_id: Uuid,
+        traceparent: String,
+    }
+}
+
+statement! {
     /// Whether the service has claimable work for the querier at all.
     HasClaimableWork<'a> = "has_claimable_work" -> () {
         service: &'a str,
@@ -311,6 +326,7 @@ statement! {
         retry_initial_ms: Option<i64>,
         retry_max_ms: Option<i64>,
         not_before: Option<DateTime<Utc>>,
+        traceparent: Option<&'a str>,
     }
 }
 

@@ -276,6 +276,9 @@ enum Ran {
     CannotStart(String),
 }
 
+/// The environment variable that hands the command its item's W3C traceparent.
+const TRACEPARENT: &str = "TRACEPARENT";
+
 /// The command's verdict on the item.
 async fn run_command(command: &[String], item: &WorkItem) -> Ran {
     let attempt = item.attempt;
@@ -289,7 +292,13 @@ async fn run_command(command: &[String], item: &WorkItem) -> Ran {
         Ok(input) => input,
         Err(error) => return failed(format!("cannot encode the item: {error}"), false),
     };
-    let child = Command::new(program)
+    let mut command = Command::new(program);
+    // The producer's trace, for the command to continue; never one the worker inherited.
+    match &item.traceparent {
+        Some(traceparent) => command.env(TRACEPARENT, traceparent),
+        None => command.env_remove(TRACEPARENT),
+    };
+    let child = command
         .args(arguments)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
