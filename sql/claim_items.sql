@@ -3,5 +3,5 @@
 -- often, at most, a querier's last_seen moves; $7[i]: request i's strategy, NULL for the fair
 -- order; $8[i]: request i's token id, NULL without one. See sql/functions/claim_items.sql.
 SELECT request, querier_state, username, id, job_id, step_index, component, payload, inputs,
-       attempt, lease_expires_at, tenant, actor, passed_over
+       attempt, lease_expires_at, tenant, actor, passed_over, traceparent
   FROM claim_items($1, $2, $3, $4, $5, $6, $7, $8);

@@ -47,7 +47,8 @@
 -- for the rest of the transaction. At most 256 steps are read per attempt, so that steps held
 -- or capped at the head of an order cannot make a claim walk the backlog.
 --
--- Answer: a row per claimed item, tagged with its request's index (1-based). A request that got
+-- Answer: a row per claimed item, with its job's traceparent, tagged with its request's index
+-- (1-based). A request that got
 -- nothing has one row with id NULL and querier_state saying why: NULL, the querier is not a
 -- member yet (the broker has it join, then asks again); 'shutting_down'; 'active', nothing
 -- claimable was free (none exists, or every user with it is held by another transaction).
@@ -93,7 +94,8 @@ RETURNS TABLE (
     lease_expires_at timestamptz,
     tenant text,
     actor text[],
-    passed_over boolean
+    passed_over boolean,
+    traceparent text
 )
 LANGUAGE plpgsql
 AS $claims$
@@ -179,6 +181,7 @@ BEGIN
         tenant := NULL;
         actor := NULL;
         passed_over := false;
+        traceparent := NULL;
         v_attempts := p_strategies[i];
 
         IF (v_service, v_querier) IS DISTINCT FROM (v_checked_service, v_checked_querier) THEN
@@ -656,7 +659,9 @@ BEGIN
                                                    FOR NO KEY UPDATE SKIP LOCKED))
                                       FROM step s)
                  RETURNING wi.id, wi.job_id, wi.step_index, wi.payload, wi.inputs, wi.attempt,
-                           wi.lease_expires_at, step.first_claim
+                           wi.lease_expires_at, step.first_claim,
+                           (SELECT j.traceparent FROM jobs j WHERE j.job_id = wi.job_id)
+                               AS traceparent
                 ), counted_step AS (
                     UPDATE user_work uw
                        SET ready_count = uw.ready_count - 1,
@@ -692,7 +697,7 @@ BEGIN
                            = (v_pick.username, v_service, v_component, v_pick.tenant)
                 )
                 SELECT item.id, item.job_id, item.step_index, item.payload, item.inputs,
-                       item.attempt, item.lease_expires_at, item.first_claim
+                       item.attempt, item.lease_expires_at, item.first_claim, item.traceparent
                   INTO v_item
                   FROM item;
                 -- No claimable step after all, or its last ready item went to another claim or
@@ -750,6 +755,7 @@ BEGIN
                 component := v_component;
                 tenant := v_pick.tenant;
                 actor := v_path;
+                traceparent := v_item.traceparent;
                 RETURN NEXT;
                 CONTINUE items;
             END LOOP;

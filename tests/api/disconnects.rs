@@ -72,26 +72,14 @@ async fn a_long_poll_whose_client_left_claims_nothing() {
 #[cfg(feature = "fault-injection")]
 #[tokio::test]
 async fn an_item_claimed_while_its_client_left_is_released_without_an_attempt() {
-    released_when_the_client_leaves_at(fairway_broker::faults::Point::ClaimCommitted).await;
-}
+    use fairway_broker::faults::Point;
 
-/// The client leaves once its claim was answered, while the broker reads the traceparents of
-/// its items' jobs: the item goes back at once all the same.
-#[cfg(feature = "fault-injection")]
-#[tokio::test]
-async fn an_item_whose_client_left_during_the_traceparent_read_is_released() {
-    released_when_the_client_leaves_at(fairway_broker::faults::Point::TraceparentsRead).await;
-}
-
-/// A long poll's client leaves while its claim is held at `point`, after the claim committed.
-#[cfg(feature = "fault-injection")]
-async fn released_when_the_client_leaves_at(point: fairway_broker::faults::Point) {
     let app = spawn_app_with(args()).await;
     let svc = "vanishing";
     // The querier joins first, so that the held batch is the one that claims.
     assert!(app.claim_with(&format!("service={svc}&querier=pod-gone")).await.is_empty());
     let job = app.submit_simple("alice", svc, 1, true).await;
-    let hold = app.broker.faults().hold(point);
+    let hold = app.broker.faults().hold(Point::ClaimCommitted);
     let stream = long_poll(&app, svc, "pod-gone").await;
     // The claim committed: the item is leased to the vanishing worker, attempt 1.
     hold.reached().await;

@@ -1,17 +1,14 @@
 //! Handing out work: claim batches chosen by the fair order (or a worker's strategy) in one
 //! transaction each, and the long polls that wait for work to appear.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::pin::pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures_util::future::{BoxFuture, Shared};
-use futures_util::FutureExt;
 use serde_json::Value;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use uuid::Uuid;
 
 use crate::batch::{answer_each, batch_index, in_batch, Batches};
 use crate::core::Core;
@@ -33,14 +30,9 @@ const CAPPED_POLL: Duration = Duration::from_millis(200);
 /// How long a claim keeps waiting for busy users before it reports no work.
 const CONTENDED_LIMIT: Duration = Duration::from_secs(5);
 
-/// The traceparents of the jobs a claim batch handed out items of, by job: read after the
-/// batch has left its lane, once for every request of the batch.
-type PendingTraceparents = Shared<BoxFuture<'static, Arc<HashMap<Uuid, String>>>>;
-
 /// What one look for work found.
 pub enum Look {
-    /// Items, and their jobs' traceparents to add before they are handed out.
-    Claimed(Vec<WorkItem>, Option<PendingTraceparents>),
+    Claimed(Vec<WorkItem>),
     /// Work exists, but every user who has it is held by another transaction right now.
     Contended,
     Nothing,
@@ -109,16 +101,9 @@ impl Claims {
             let mut released = pin!(signal.released());
             released.as_mut().enable();
             match self.look_for_work(request).await? {
-                Look::Claimed(items, traceparents) => {
+                Look::Claimed(items) => {
                     signal.release_one();
-                    let mut claimed = Unhanded { endings: self.endings.clone(), items };
-                    if let Some(traceparents) = traceparents {
-                        let traceparents = traceparents.await;
-                        for item in &mut claimed.items {
-                            item.traceparent = traceparents.get(&item.job_id.0).cloned();
-                        }
-                    }
-                    return Ok(std::mem::take(&mut claimed.items));
+                    return Ok(items);
                 }
                 Look::Nothing => return Ok(Vec::new()),
                 Look::NotMember => self.tenancy.join_querier(request.querier.as_str()).await?,
@@ -141,7 +126,7 @@ impl Claims {
         let items: Vec<WorkItem> = looks
             .into_iter()
             .filter_map(|look| match look {
-                Ok(Look::Claimed(items, _)) => Some(items),
+                Ok(Look::Claimed(items)) => Some(items),
                 _ => None,
             })
             .flatten()
@@ -165,62 +150,22 @@ impl Claims {
             items = tracing::field::Empty,
         );
         let broker = &self;
-        let mut looks = answer_each(&requests, |batch| {
+        let looks = answer_each(&requests, |batch| {
             // The claim commits in its one statement, before anything else can fail: a run
             // that failed claimed nothing, and the batch runs again whole.
             broker.core.retrying("claim", move || broker.claim_batch(batch))
         })
         .await;
         self.core.metrics.claim_batch(requests.len(), started.elapsed());
-        let job_ids: Vec<Uuid> = looks
-            .iter()
-            .filter_map(|look| match look {
-                Ok(Look::Claimed(items, _)) => Some(items),
-                _ => None,
-            })
-            .flatten()
-            .map(|item| item.job_id.0)
-            .collect();
-        span.record("items", job_ids.len());
-        if job_ids.is_empty() {
-            return looks;
-        }
-        let traceparents = self.read_traceparents(job_ids, span);
-        for look in &mut looks {
-            if let Ok(Look::Claimed(_, pending)) = look {
-                *pending = Some(traceparents.clone());
-            }
-        }
-        looks
-    }
-
-    /// Reads the traceparents of the jobs a batch claimed items of, in a task of its own, so
-    /// that the lane is free for the next batch meanwhile; the batch's span ends with it,
-    /// continuing the trace of the jobs. The items are handed out without traceparents should
-    /// the read fail: the claim has committed.
-    fn read_traceparents(
-        &self,
-        mut job_ids: Vec<Uuid>,
-        span: tracing::Span,
-    ) -> PendingTraceparents {
-        job_ids.sort_unstable();
-        job_ids.dedup();
-        let core = self.core.clone();
-        let read = tokio::spawn(async move {
-            #[cfg(feature = "fault-injection")]
-            core.faults.pause(crate::faults::Point::TraceparentsRead).await;
-            let read = async {
-                let client = core.client().await?;
-                traces::job_traceparents(&client, &job_ids).await
-            };
-            let traceparents = read.await.unwrap_or_else(|error| {
-                tracing::warn!(%error, "reading the traceparents of claimed items' jobs");
-                HashMap::new()
-            });
-            traces::continue_traces(&span, traceparents.values().map(String::as_str));
-            Arc::new(traceparents)
+        // The batch continues the traces of the jobs it handed out items of.
+        let claimed = looks.iter().filter_map(|look| match look {
+            Ok(Look::Claimed(items)) => Some(items),
+            _ => None,
         });
-        async move { read.await.unwrap_or_default() }.boxed().shared()
+        let items = claimed.flatten();
+        span.record("items", items.clone().count());
+        traces::continue_traces(&span, items.filter_map(|item| item.traceparent.as_deref()));
+        looks
     }
 
     /// One statement, so one transaction, for the whole batch; then, for each request that got
@@ -281,7 +226,7 @@ impl Claims {
             requests.iter().zip(items).zip(states).zip(passed_over)
         {
             looks.push(match state.as_deref() {
-                _ if !items.is_empty() => Ok(Look::Claimed(items, None)),
+                _ if !items.is_empty() => Ok(Look::Claimed(items)),
                 None => Ok(Look::NotMember),
                 Some("shutting_down") => {
                     Err(BrokerError::QuerierShuttingDown(request.querier.as_str().to_owned()))
@@ -360,23 +305,6 @@ impl Claims {
                     return Ok(items);
                 }
             }
-        }
-    }
-}
-
-/// Items claimed for a caller that may leave while their traceparents are read: dropped with
-/// items, it puts them back at once, as `unread_looks` does for callers that left during the
-/// batch, rather than leave them leased to no one.
-struct Unhanded {
-    endings: Endings,
-    items: Vec<WorkItem>,
-}
-
-impl Drop for Unhanded {
-    fn drop(&mut self) {
-        if !self.items.is_empty() {
-            let (endings, items) = (self.endings.clone(), std::mem::take(&mut self.items));
-            tokio::spawn(async move { endings.release_unanswered(items).await });
         }
     }
 }

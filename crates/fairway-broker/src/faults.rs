@@ -23,9 +23,6 @@ pub enum Point {
     SubmitJob,
     /// In a claim batch, once its claims committed, before they are answered.
     ClaimCommitted,
-    /// Once a claim batch was answered, before its jobs' traceparents are read: the callers
-    /// wait for them to hand their items out.
-    TraceparentsRead,
 }
 
 /// A run held at a point: the test learns when it got there, and lets it go on.

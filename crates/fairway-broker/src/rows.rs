@@ -68,8 +68,7 @@ pub fn work_item(row: ClaimedRow, service: &str) -> Result<Option<WorkItem>, Bro
             inputs: row.inputs?.0,
             attempt: row.attempt?,
             lease_expires_at: row.lease_expires_at?,
-            // The claim's statement does not read it: the batch adds it after (claims.rs).
-            traceparent: None,
+            traceparent: row.traceparent,
         })
     })();
     item.map(Some).ok_or(BrokerError::BatchLost)

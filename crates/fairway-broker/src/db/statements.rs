@@ -89,6 +89,8 @@ row! {
         actor: Option<Vec<String>>,
         /// A strategy that stopped before the fair order passed over work another claim held.
         passed_over: Option<bool>,
+        /// The producer's trace the item's job was submitted in, if any.
+        traceparent: Option<String>,
     }
 }
 
