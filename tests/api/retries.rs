@@ -117,18 +117,22 @@ async fn an_unknown_job_is_not_found() {
     assert_refused(&app, Uuid::new_v4(), StatusCode::NOT_FOUND, "job_not_found").await;
 }
 
+/// Alice's job of two items on service `a`, whose results service `b` aggregates.
+async fn submit_two_items_then_an_aggregate(app: &TestApp) -> Uuid {
+    app.submit(json!({
+        "user": "alice",
+        "steps": [{ "service": "a" }, { "service": "b", "aggregate": true }],
+        "items": [{ "payload": 1 }, { "payload": 2 }],
+    }))
+    .await
+}
+
 /// An aggregating step that already ran over the items that succeeded cannot take the
 /// retried items' results: the retry is refused rather than leave them out silently.
 #[tokio::test]
 async fn a_retry_is_refused_once_an_aggregate_ran_over_partial_inputs() {
     let app = spawn_app().await;
-    let job = app
-        .submit(json!({
-            "user": "alice",
-            "steps": [{ "service": "a" }, { "service": "b", "aggregate": true }],
-            "items": [{ "payload": 1 }, { "payload": 2 }],
-        }))
-        .await;
+    let job = submit_two_items_then_an_aggregate(&app).await;
     let first = app.claim("a").await.expect("item");
     app.succeed(&first, json!(["r1"])).await;
     let second = app.claim("a").await.expect("item");
@@ -144,13 +148,7 @@ async fn a_retry_is_refused_once_an_aggregate_ran_over_partial_inputs() {
 #[tokio::test]
 async fn a_retry_before_the_aggregate_ran_feeds_it() {
     let app = spawn_app().await;
-    let job = app
-        .submit(json!({
-            "user": "alice",
-            "steps": [{ "service": "a" }, { "service": "b", "aggregate": true }],
-            "items": [{ "payload": 1 }, { "payload": 2 }],
-        }))
-        .await;
+    let job = submit_two_items_then_an_aggregate(&app).await;
     let first = app.claim("a").await.expect("item");
     fail_for_good(&app, &first).await;
     let second = app.claim("a").await.expect("item");
