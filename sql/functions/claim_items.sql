@@ -1,7 +1,9 @@
 -- claim_items: the claim. Serves a batch of workers' requests in one transaction: request i
 -- asks for up to p_maxes[i] items of service p_services[i] for worker slot p_workers[i] of
 -- querier p_queriers[i], each leased for p_lease_ms. Items are chosen one at a time, in request
--- order, each by the fair order as the counters the ones before it moved leave it. A function
+-- order, each by the fair order as the counters the ones before it moved leave it; where the
+-- next several choices are known to be the head of the order, they are made as one set
+-- (claim_fair_round), which chooses the same items. A function
 -- rather than one statement because the choice is a search with early exits: each level is a
 -- small index probe that runs only when the level above needs it, and the whole batch is still
 -- one round trip.
@@ -150,6 +152,15 @@ DECLARE
     v_use_fair boolean;
     v_step_job uuid;
     v_step_index integer;
+    -- The requests in the order they are served, and how many items each got from sets.
+    v_in_order integer[];
+    v_served integer[];
+    -- A run of requests served by sets (claim_fair_round), and their items still wanted.
+    v_run integer[];
+    v_slots integer[];
+    v_set record;
+    v_set_claimed integer;
+    v_set_missed boolean;
 BEGIN
     -- The running-count changes logged since the last batch, first: the tenant order below
     -- reads the counts. The rows folded are held from here on, so the greatest is the bound
@@ -160,30 +171,13 @@ BEGIN
 
     -- In (service, querier) order, so that the membership check and the component list are
     -- made once per querier and service in the batch.
-    FOR i IN SELECT r.i
-               FROM unnest(p_services, p_queriers) WITH ORDINALITY AS r(service, querier, i)
-              ORDER BY r.service, r.querier, r.i
-    LOOP
-        request := i;
+    v_in_order := ARRAY(SELECT r.i
+                       FROM unnest(p_services, p_queriers) WITH ORDINALITY AS r(service, querier, i)
+                      ORDER BY r.service, r.querier, r.i);
+    v_served := array_fill(0, ARRAY[cardinality(v_in_order)]);
+    FOREACH i IN ARRAY v_in_order LOOP
         v_service := p_services[i];
         v_querier := p_queriers[i];
-        v_worker := p_workers[i];
-        v_claimed := 0;
-        username := NULL;
-        id := NULL;
-        job_id := NULL;
-        step_index := NULL;
-        component := NULL;
-        payload := NULL;
-        inputs := NULL;
-        attempt := NULL;
-        lease_expires_at := NULL;
-        tenant := NULL;
-        actor := NULL;
-        passed_over := false;
-        traceparent := NULL;
-        v_attempts := p_strategies[i];
-
         IF (v_service, v_querier) IS DISTINCT FROM (v_checked_service, v_checked_querier) THEN
             v_checked_service := v_service;
             v_checked_querier := v_querier;
@@ -236,7 +230,77 @@ BEGIN
               FROM components c
              WHERE c.component IS NOT NULL;
             v_count := coalesce(cardinality(v_components), 0);
+
+            -- Where one tenant is all the order holds, the fair requests of this service and
+            -- querier take their items as sets of the order's head for as long as that is
+            -- exact (see claim_fair_round), then go on one item at a time below.
+            IF querier_state = 'active' AND v_count = 1 AND NOT v_contested[1] THEN
+                v_run := ARRAY(SELECT r.i
+                                 FROM unnest(p_services, p_queriers, p_strategies)
+                                      WITH ORDINALITY AS r(service, querier, strategy, i)
+                                WHERE (r.service, r.querier) = (v_service, v_querier)
+                                  AND r.strategy IS NULL
+                                ORDER BY r.i);
+                LOOP
+                    -- The request of each item the run still wants, in the order served.
+                    v_slots := ARRAY(SELECT r.i
+                                       FROM unnest(v_run) WITH ORDINALITY AS r(i, place)
+                                      CROSS JOIN LATERAL
+                                            generate_series(1, p_maxes[r.i] - v_served[r.i]) g
+                                      ORDER BY r.place, g);
+                    EXIT WHEN cardinality(v_slots) = 0;
+                    v_set_claimed := 0;
+                    v_set_missed := false;
+                    FOR v_set IN
+                        SELECT *
+                          FROM claim_fair_round(v_service, v_querier, v_components[1], v_slots,
+                                                p_workers, p_tokens, p_lease_ms)
+                    LOOP
+                        IF v_set.id IS NULL THEN
+                            v_set_missed := true;
+                            CONTINUE;
+                        END IF;
+                        v_served[v_set.request] := v_served[v_set.request] + 1;
+                        v_set_claimed := v_set_claimed + 1;
+                        request := v_set.request;
+                        username := v_set.username;
+                        id := v_set.id;
+                        job_id := v_set.job_id;
+                        step_index := v_set.step_index;
+                        component := v_components[1];
+                        payload := v_set.payload;
+                        inputs := v_set.inputs;
+                        attempt := v_set.attempt;
+                        lease_expires_at := v_set.lease_expires_at;
+                        tenant := v_set.tenant;
+                        actor := '{}';
+                        passed_over := false;
+                        traceparent := v_set.traceparent;
+                        RETURN NEXT;
+                    END LOOP;
+                    EXIT WHEN v_set_claimed = 0 OR v_set_missed;
+                END LOOP;
+            END IF;
         END IF;
+
+        request := i;
+        v_worker := p_workers[i];
+        v_claimed := v_served[i];
+        username := NULL;
+        id := NULL;
+        job_id := NULL;
+        step_index := NULL;
+        component := NULL;
+        payload := NULL;
+        inputs := NULL;
+        attempt := NULL;
+        lease_expires_at := NULL;
+        tenant := NULL;
+        actor := NULL;
+        passed_over := false;
+        traceparent := NULL;
+        v_attempts := p_strategies[i];
+
         IF querier_state IS DISTINCT FROM 'active' THEN
             RETURN NEXT;
             CONTINUE;

@@ -274,3 +274,42 @@ async fn a_batch_serves_the_user_furthest_behind_until_level() {
     assert_eq!((bobs, batch.len()), (5, 6), "bob five, then alice: {batch:?}");
     app.assert_consistent().await;
 }
+
+/// A batch takes several users from the head of the order as one set where that is exact:
+/// users at the same work in progress and the next level up, in least-recently-worked order,
+/// each stamped in pick order. It must hand out what one claim at a time hands out, in the
+/// same order, and leave the same order behind.
+#[tokio::test]
+async fn a_batch_hands_out_what_single_claims_would_in_the_same_order() {
+    let (batched, single) = (spawn_app().await, spawn_app().await);
+    for app in [&batched, &single] {
+        for user in ["a", "b", "c", "d", "e", "f"] {
+            app.submit_simple(user, "svc", 10, true).await;
+        }
+        // a, b and c take one item each; a's ends, so a is back at none in progress but
+        // worked more recently than d, e and f, who never were.
+        let a_first = app.claim("svc").await.expect("a's item");
+        for expected in ["b", "c"] {
+            assert_eq!(user_of(&app.claim("svc").await.expect("an item")), expected);
+        }
+        app.succeed(&a_first, json!([])).await;
+    }
+
+    let batch: Vec<String> = batched
+        .claim_with("service=svc&querier=pod-0&max=10")
+        .await
+        .iter()
+        .map(|item| user_of(item).to_owned())
+        .collect();
+    let mut one_at_a_time = Vec::new();
+    for _ in 0..10 {
+        one_at_a_time.push(user_of(&single.claim("svc").await.expect("an item")).to_owned());
+    }
+    assert_eq!(one_at_a_time, ["d", "e", "f", "a", "b", "c", "d", "e", "f", "a"]);
+    assert_eq!(batch, one_at_a_time);
+    // The order each leaves behind is the same too: the next claim goes to the same user.
+    let next = |item: Option<Value>| user_of(&item.expect("an item")).to_owned();
+    assert_eq!(next(batched.claim("svc").await), next(single.claim("svc").await));
+    batched.assert_consistent().await;
+    single.assert_consistent().await;
+}
