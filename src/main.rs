@@ -89,21 +89,7 @@ async fn main() -> ExitCode {
         },
         _ => None,
     };
-    let logs = tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal());
-    let logs = match cli.log_format {
-        LogFormat::Text => logs.boxed(),
-        LogFormat::Json => logs.json().flatten_event(true).with_current_span(false).boxed(),
-    };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    // The spans meant for the trace exporter stay out of the log, whatever RUST_LOG says: with
-    // no exporter, no one wants them, and they are never made.
-    let filter = filter.add_directive(
-        format!("{}=off", fairway_broker::traces::TARGET).parse().expect("a valid directive"),
-    );
-    tracing_subscriber::registry()
-        .with(logs.with_filter(filter))
-        .with(traces.as_ref().map(Traces::layer))
-        .init();
+    subscriber(cli.log_format, traces.as_ref()).init();
     let outcome = match cli.command {
         Command::Serve(command) => serve(command).await,
         Command::Bench(args) => fairway_bench::run(args).await.map_err(|error| error.to_string()),
@@ -168,14 +154,45 @@ async fn serve(command: ServeCommand) -> Result<(), String> {
     served
 }
 
+/// The log, and the trace exporter's layer when there is one. The exporter's spans stay out of
+/// the log whatever RUST_LOG says; with no exporter no layer wants them, so they are never
+/// made, and neither is the work done only to fill them in.
+fn subscriber(
+    log_format: LogFormat,
+    traces: Option<&Traces>,
+) -> impl tracing::Subscriber + Send + Sync {
+    let logs = tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal());
+    let logs = match log_format {
+        LogFormat::Text => logs.boxed(),
+        LogFormat::Json => logs.json().flatten_event(true).with_current_span(false).boxed(),
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = filter.add_directive(
+        format!("{}=off", fairway_broker::traces::TARGET).parse().expect("a valid directive"),
+    );
+    // A list rather than an Option: a `None` layer counts as wanting every span.
+    let mut layers = vec![logs.with_filter(filter).boxed()];
+    layers.extend(traces.map(|traces| traces.layer().boxed()));
+    tracing_subscriber::registry().with(layers)
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
 
-    use super::Cli;
+    use super::{subscriber, Cli, LogFormat};
 
     #[test]
     fn every_flag_is_well_formed_and_unique() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn without_an_exporter_the_exporters_spans_are_never_made() {
+        tracing::subscriber::with_default(subscriber(LogFormat::Text, None), || {
+            let span = tracing::info_span!(target: fairway_broker::traces::TARGET, "claim batch");
+            assert!(span.is_disabled(), "a span no one exports was made");
+            assert!(!tracing::info_span!("a logged span").is_disabled());
+        });
     }
 }
