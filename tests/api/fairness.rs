@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use crate::helpers::spawn_app;
+use crate::helpers::{spawn_app, TestApp};
 
 fn user_of(item: &Value) -> &str {
     item["user"].as_str().expect("user")
@@ -310,6 +310,77 @@ async fn a_batch_hands_out_what_single_claims_would_in_the_same_order() {
     // The order each leaves behind is the same too: the next claim goes to the same user.
     let next = |item: Option<Value>| user_of(&item.expect("an item")).to_owned();
     assert_eq!(next(batched.claim("svc").await), next(single.claim("svc").await));
+    batched.assert_consistent().await;
+    single.assert_consistent().await;
+}
+
+/// A set may give one user several items where its only claimable step is what each of its
+/// turns would take; a user with two steps takes them in turn, least recently worked first,
+/// as single claims do.
+#[tokio::test]
+async fn a_batch_gives_a_user_its_steps_in_turn_as_single_claims_do() {
+    let (batched, single) = (spawn_app().await, spawn_app().await);
+    for app in [&batched, &single] {
+        // a's first job is worked before the others arrive, so that its two steps have an
+        // order: the one never worked first.
+        submit_labelled(app, "a", "a1").await;
+        assert_eq!(label(&app.claim("svc").await.expect("a's item")), "a1-0");
+        for (user, job) in [("a", "a2"), ("b", "b1"), ("c", "c1")] {
+            submit_labelled(app, user, job).await;
+        }
+    }
+    let batch: Vec<String> =
+        batched.claim_with("service=svc&querier=pod-0&max=9").await.iter().map(label).collect();
+    let mut one_at_a_time = Vec::new();
+    for _ in 0..9 {
+        one_at_a_time.push(label(&single.claim("svc").await.expect("an item")));
+    }
+    let expected = ["b1-0", "c1-0", "a2-0", "b1-1", "c1-1", "a1-1", "b1-2", "c1-2", "a2-1"];
+    assert_eq!(one_at_a_time, expected);
+    assert_eq!(batch, one_at_a_time);
+    batched.assert_consistent().await;
+    single.assert_consistent().await;
+}
+
+/// Submits a one-step job of five items for `user`, each item's payload naming `job`.
+async fn submit_labelled(app: &TestApp, user: &str, job: &str) {
+    let items: Vec<Value> = (0..5).map(|n| json!({ "payload": { "job": job, "n": n } })).collect();
+    app.submit(json!({ "user": user, "steps": [{ "service": "svc" }], "items": items })).await;
+}
+
+/// An item submitted by submit_labelled, as job-n.
+fn label(item: &Value) -> String {
+    format!("{}-{}", item["payload"]["job"].as_str().unwrap_or("?"), item["payload"]["n"])
+}
+
+/// A set reads the order from users' queue rows, whose copies of a user's counts may lag
+/// them; the head stops standing for the order at a lagging row, and the batch then goes on
+/// as single claims do, bringing the row level first.
+#[tokio::test]
+async fn a_batch_stops_its_set_at_a_lagging_row_as_single_claims_would() {
+    let (batched, single) = (spawn_app().await, spawn_app().await);
+    for app in [&batched, &single] {
+        app.submit_simple("a", "svc", 5, true).await;
+        app.submit_simple("b", "svc", 5, true).await;
+        app.submit_simple("b", "other", 5, true).await;
+        // b's work in `other` moves its users row and that queue's row; its row in svc's
+        // order lags, saying 0 in progress where b has 2.
+        for _ in 0..2 {
+            assert_eq!(user_of(&app.claim("other").await.expect("b's item")), "b");
+        }
+    }
+    let batch: Vec<String> = batched
+        .claim_with("service=svc&querier=pod-0&max=5")
+        .await
+        .iter()
+        .map(|item| user_of(item).to_owned())
+        .collect();
+    let mut one_at_a_time = Vec::new();
+    for _ in 0..5 {
+        one_at_a_time.push(user_of(&single.claim("svc").await.expect("an item")).to_owned());
+    }
+    assert_eq!(one_at_a_time, ["a", "a", "b", "a", "b"]);
+    assert_eq!(batch, one_at_a_time);
     batched.assert_consistent().await;
     single.assert_consistent().await;
 }
