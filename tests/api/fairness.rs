@@ -295,18 +295,9 @@ async fn a_batch_hands_out_what_single_claims_would_in_the_same_order() {
         app.succeed(&a_first, json!([])).await;
     }
 
-    let batch: Vec<String> = batched
-        .claim_with("service=svc&querier=pod-0&max=10")
-        .await
-        .iter()
-        .map(|item| user_of(item).to_owned())
-        .collect();
-    let mut one_at_a_time = Vec::new();
-    for _ in 0..10 {
-        one_at_a_time.push(user_of(&single.claim("svc").await.expect("an item")).to_owned());
-    }
-    assert_eq!(one_at_a_time, ["d", "e", "f", "a", "b", "c", "d", "e", "f", "a"]);
-    assert_eq!(batch, one_at_a_time);
+    let sequence =
+        batch_against_single_claims(&batched, &single, 10, |item| user_of(item).to_owned()).await;
+    assert_eq!(sequence, ["d", "e", "f", "a", "b", "c", "d", "e", "f", "a"]);
     // The order each leaves behind is the same too: the next claim goes to the same user.
     let next = |item: Option<Value>| user_of(&item.expect("an item")).to_owned();
     assert_eq!(next(batched.claim("svc").await), next(single.claim("svc").await));
@@ -314,9 +305,8 @@ async fn a_batch_hands_out_what_single_claims_would_in_the_same_order() {
     single.assert_consistent().await;
 }
 
-/// A set may give one user several items where its only claimable step is what each of its
-/// turns would take; a user with two steps takes them in turn, least recently worked first,
-/// as single claims do.
+/// A user with two steps takes them in turn, least recently worked first, in a batch's sets
+/// as in single claims.
 #[tokio::test]
 async fn a_batch_gives_a_user_its_steps_in_turn_as_single_claims_do() {
     let (batched, single) = (spawn_app().await, spawn_app().await);
@@ -329,15 +319,9 @@ async fn a_batch_gives_a_user_its_steps_in_turn_as_single_claims_do() {
             submit_labelled(app, user, job).await;
         }
     }
-    let batch: Vec<String> =
-        batched.claim_with("service=svc&querier=pod-0&max=9").await.iter().map(label).collect();
-    let mut one_at_a_time = Vec::new();
-    for _ in 0..9 {
-        one_at_a_time.push(label(&single.claim("svc").await.expect("an item")));
-    }
+    let sequence = batch_against_single_claims(&batched, &single, 9, label).await;
     let expected = ["b1-0", "c1-0", "a2-0", "b1-1", "c1-1", "a1-1", "b1-2", "c1-2", "a2-1"];
-    assert_eq!(one_at_a_time, expected);
-    assert_eq!(batch, one_at_a_time);
+    assert_eq!(sequence, expected);
     batched.assert_consistent().await;
     single.assert_consistent().await;
 }
@@ -369,18 +353,32 @@ async fn a_batch_stops_its_set_at_a_lagging_row_as_single_claims_would() {
             assert_eq!(user_of(&app.claim("other").await.expect("b's item")), "b");
         }
     }
-    let batch: Vec<String> = batched
-        .claim_with("service=svc&querier=pod-0&max=5")
-        .await
-        .iter()
-        .map(|item| user_of(item).to_owned())
-        .collect();
-    let mut one_at_a_time = Vec::new();
-    for _ in 0..5 {
-        one_at_a_time.push(user_of(&single.claim("svc").await.expect("an item")).to_owned());
-    }
-    assert_eq!(one_at_a_time, ["a", "a", "b", "a", "b"]);
-    assert_eq!(batch, one_at_a_time);
+    let sequence =
+        batch_against_single_claims(&batched, &single, 5, |item| user_of(item).to_owned()).await;
+    assert_eq!(sequence, ["a", "a", "b", "a", "b"]);
     batched.assert_consistent().await;
     single.assert_consistent().await;
+}
+
+/// Claims `max` items of svc in one batch from `batched`, and one at a time from `single`,
+/// two brokers holding the same work; asserts both handed out the same items, named by
+/// `name`, in the same order, and returns that order.
+async fn batch_against_single_claims(
+    batched: &TestApp,
+    single: &TestApp,
+    max: usize,
+    name: impl Fn(&Value) -> String,
+) -> Vec<String> {
+    let batch: Vec<String> = batched
+        .claim_with(&format!("service=svc&querier=pod-0&max={max}"))
+        .await
+        .iter()
+        .map(&name)
+        .collect();
+    let mut one_at_a_time = Vec::new();
+    for _ in 0..max {
+        one_at_a_time.push(name(&single.claim("svc").await.expect("an item")));
+    }
+    assert_eq!(batch, one_at_a_time, "a batch against single claims");
+    one_at_a_time
 }
