@@ -1,27 +1,29 @@
--- claim_fair_round: several picks of the fair order in one statement, where taking the head of
--- the order as one set chooses exactly what picking one item at a time would. claim_items calls
--- it for a run of its requests that share a service and querier, when the service has one
--- component with claimable work and one tenant competing for it: then the order is the
--- tenant's users alone (claim_items step 3).
+-- claim_fair_round: many picks of the fair order in one statement, where the head of the order
+-- says exactly what picking one item at a time would choose. claim_items calls it for a run of
+-- its requests that share a service and querier, when the service has one component with
+-- claimable work and one tenant competing for it: then the order is that tenant's users alone
+-- (claim_items step 3).
 --
--- Why the head is exact: picking the first user, U1 with running count r, moves U1 to
--- (r + 1, now), behind every user of running count r + 1 or less, each worked before now. So
--- the first k users of the order, U1..Uk, are the next k picks one at a time would make, as
--- long as Uk's count is at most r + 1, no two are the same user, and each would claim one item
--- of its own. The head is cut at the first user that breaks this, or whose queue row lags the
--- user's counts, or who has work under actors (the order then goes down the actor tree): the
--- caller serves the rest one at a time. Each pick is stamped a microsecond after the one
--- before, so that they keep their order in last_worked.
+-- Why the head says it: serving a user at k items in progress moves it to (k + 1, now),
+-- behind everyone at k + 1 who was there before. So the picks go level by level, k, k + 1,
+-- ...: at each level first the users who started there, in the order's own order, then those
+-- raised to it, in the order they were raised. Read from the head of the order, this sequence
+-- is exact up to the level of the first row the head cannot vouch for: the row where the LIMIT
+-- cut it (users beyond it may start at its level), or a row whose copies lag its user's counts
+-- or whose user has work under actors (the order then goes down the actor tree). A user's
+-- later picks take further items of its step when that step is its only claimable one; with
+-- more steps the next pick may go to another step, so the sequence stops there. Each pick is
+-- stamped a microsecond after the one before, so that they keep their order in last_worked.
+-- The caller takes the rest one pick at a time.
 --
 -- Arguments: the service, querier and component; p_slots, one element per item the run still
 -- wants, in the order they are served: the request it is for (an index into p_workers and
 -- p_tokens, claim_items' arrays); the lease in milliseconds.
--- Answer: a row per user of the exact head, in pick order, each with the request its item went
--- to; id is NULL for a user whose step had no free item after all (another transaction held
--- it), which is where the caller stops taking sets.
--- Locks: as one pick of claim_items takes them, for every user of the head: the users row
--- (SKIP LOCKED), the item, then the counter rows. Only the one-tenant order is read, so no
--- tenant row is locked or written.
+-- Answer: a row per pick, in order, with the request its item went to; id is NULL for a pick
+-- whose item another transaction held after all, which is where the caller stops taking sets.
+-- Locks: as claim_items' picks take them: the head's users rows (SKIP LOCKED), the items
+-- (SKIP LOCKED), then the counter rows. Only the one-tenant order is read, so no tenant row
+-- is locked or written.
 
 CREATE OR REPLACE FUNCTION claim_fair_round(
     p_service text,
@@ -46,8 +48,11 @@ RETURNS TABLE (
     traceparent text
 )
 LANGUAGE plpgsql
--- Planned once: a plan made afresh for each set would cost more than the set saves.
+-- Planned once: a plan made afresh for each set would cost more than the set saves. Never
+-- compiled: the plan cannot see how many items each user takes, so its estimate can pass
+-- jit_above_cost, and compiling takes tens of milliseconds where the set takes one.
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $round$
 #variable_conflict use_column
 DECLARE
@@ -71,8 +76,9 @@ BEGIN
                    AND ts.querier = p_querier))
      ORDER BY tq.running_count, tq.last_worked NULLS FIRST, tq.tenant
      LIMIT 1;
-    -- The least work in progress in the order: the head is exact only up to one more than
-    -- that, and bounding the scan by it keeps it a short range of the order's index.
+    -- The least work in progress in the order. No user further ahead of it than there are
+    -- items wanted can be reached, and bounding the head by that keeps its read a short range
+    -- of the order's index: the plan, made once, cannot see the LIMIT.
     SELECT su.running_count
       INTO v_least
       FROM service_users su
@@ -85,132 +91,201 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    WITH head AS (
-        SELECT su.username, su.running_count, su.last_worked,
-               u.running_count IS NOT DISTINCT FROM su.running_count
-                   AND u.last_worked IS NOT DISTINCT FROM su.last_worked
-                   AND su.ready_count = su.local_ready AS exact_row
-          FROM service_users su
-          JOIN users u ON u.username = su.username
-         WHERE su.service = p_service
-           AND su.component = p_component
-           AND su.tenant = v_tenant
-           AND su.ready_count > 0
-           -- From 0: a count that fell since v_least was read still sorts first.
-           AND su.running_count BETWEEN 0 AND v_least + 1
-         ORDER BY su.running_count, su.last_worked NULLS FIRST, su.username
-         LIMIT cardinality(p_slots)
-           FOR NO KEY UPDATE OF u SKIP LOCKED
-    ), ranked AS (
-        SELECT h.*, row_number() OVER in_order AS pick,
-               first_value(h.running_count) OVER in_order AS first_count
+    WITH candidates AS (
+        SELECT su.username, su.running_count, su.last_worked, su.ready_count, su.local_ready,
+               row_number() OVER (ORDER BY su.running_count, su.last_worked NULLS FIRST,
+                                           su.username) AS place
+          FROM (SELECT su.*
+                  FROM service_users su
+                 WHERE su.service = p_service
+                   AND su.component = p_component
+                   AND su.tenant = v_tenant
+                   AND su.ready_count > 0
+                   -- From 0: a count that fell since v_least was read still sorts first.
+                   AND su.running_count BETWEEN 0 AND v_least + cardinality(p_slots)
+                 ORDER BY su.running_count, su.last_worked NULLS FIRST, su.username
+                 LIMIT cardinality(p_slots)) su
+    ), head AS (
+        -- The candidates whose users no other transaction holds, locked in order.
+        SELECT c.*,
+               u.running_count IS NOT DISTINCT FROM c.running_count
+                   AND u.last_worked IS NOT DISTINCT FROM c.last_worked
+                   AND c.ready_count = c.local_ready AS exact_row
+          FROM candidates c
+          JOIN LATERAL (SELECT u.running_count, u.last_worked
+                          FROM users u
+                         WHERE u.username = c.username
+                           FOR NO KEY UPDATE SKIP LOCKED) u ON true
+    ), bounds AS (
+        -- Where the head stops standing for the whole order: at its first row that lags or
+        -- has work under actors, or at its last row when the LIMIT cut it (NULL: neither).
+        -- Only levels up to that row's count are known; and only as far as the items wanted
+        -- spread over the head's users, so that a set stays about that size.
+        SELECT coalesce(
+                   (SELECT h.running_count
+                      FROM head h
+                     WHERE NOT h.exact_row
+                     ORDER BY h.place
+                     LIMIT 1),
+                   (SELECT c.running_count
+                      FROM candidates c
+                     WHERE c.place = cardinality(p_slots))) AS known_level,
+               (SELECT min(h.place) FROM head h WHERE NOT h.exact_row) AS first_inexact,
+               (SELECT min(h.running_count)
+                       + ceil(cardinality(p_slots)::numeric / nullif(count(*), 0))::integer
+                  FROM head h) AS level_cap,
+               -- Whether the head holds a user for every item wanted within one level of the
+               -- first: then each takes one pick, in the head's order, and no user's later
+               -- picks need working out.
+               (SELECT count(*) >= cardinality(p_slots)
+                  FROM head h
+                 WHERE h.running_count <= (SELECT min(m.running_count) FROM head m) + 1)
+                   AS one_pick_each
+    ), steps AS MATERIALIZED (
+        -- Each usable user's best step, and, where it may take more than one pick, whether
+        -- that is its only claimable step: such a user takes successive items of it; a user
+        -- with more takes one item a set.
+        SELECT h.username, h.running_count, h.place, s.job_id, s.step_index, s.ready_from,
+               s.first_claim, s.ready_count AS step_ready,
+               CASE WHEN NOT b.one_pick_each THEN
+                   (SELECT count(*)
+                      FROM (SELECT 1
+                              FROM user_work other
+                             WHERE other.service = p_service
+                               AND other.component = p_component
+                               AND other.tenant = v_tenant
+                               AND other.username = h.username
+                               AND other.actor = '{}'
+                               AND other.ready_count > 0
+                               AND NOT other.paused
+                             LIMIT 2) two) = 1
+               END AS only_step
           FROM head h
-        WINDOW in_order AS (ORDER BY h.running_count, h.last_worked NULLS FIRST, h.username)
-    ), picked AS (
-        SELECT r.username, v_tenant AS tenant, r.pick, p_slots[r.pick] AS request,
-               v_at + (r.pick - 1) * interval '1 microsecond' AS at
-          FROM (SELECT r.*,
-                       bool_and(r.exact_row AND r.running_count <= r.first_count + 1)
-                           OVER (ORDER BY r.pick) AS exact
-                  FROM ranked r) r
-         WHERE r.exact
-    ), step AS (
-        SELECT p.*, s.job_id, s.step_index, s.first_claim,
-               -- The step's lowest free ready item, from its ready_from, and from its start
-               -- only if nothing there was free.
-               (SELECT coalesce(
-                           (SELECT ready.id
-                              FROM work_items ready
-                             WHERE ready.job_id = s.job_id
-                               AND ready.step_index = s.step_index
-                               AND ready.component = p_component
-                               AND ready.status = 'ready'
-                               AND ready.id >= s.ready_from
-                             ORDER BY ready.id
-                             LIMIT 1
-                               FOR NO KEY UPDATE SKIP LOCKED),
-                           (SELECT ready.id
-                              FROM work_items ready
-                             WHERE ready.job_id = s.job_id
-                               AND ready.step_index = s.step_index
-                               AND ready.component = p_component
-                               AND ready.status = 'ready'
-                             ORDER BY ready.id
-                             LIMIT 1
-                               FOR NO KEY UPDATE SKIP LOCKED))) AS item_id
-          FROM picked p
+         CROSS JOIN bounds b
          CROSS JOIN LATERAL (
-               SELECT uw.job_id, uw.step_index, uw.ready_from,
+               SELECT uw.job_id, uw.step_index, uw.ready_from, uw.ready_count,
                       uw.last_worked IS NULL AS first_claim
                  FROM user_work uw
                 WHERE uw.service = p_service
                   AND uw.component = p_component
-                  AND uw.tenant = p.tenant
-                  AND uw.username = p.username
+                  AND uw.tenant = v_tenant
+                  AND uw.username = h.username
                   AND uw.actor = '{}'
                   AND uw.ready_count > 0
                   AND NOT uw.paused
                 ORDER BY uw.is_async, uw.last_worked NULLS FIRST, uw.job_id, uw.step_index
                 LIMIT 1
                ) s
+         WHERE b.first_inexact IS NULL OR h.place < b.first_inexact
+    ), picks AS (
+        -- A user's k-th pick puts it at level running_count + k. At a level, those that
+        -- started there go first (worked longest ago), then those raised to it, in the order
+        -- they were raised: the order of the level below. A user with another step takes its
+        -- second pick from whichever step is then best: that pick is a wall the set stops at.
+        SELECT s.*, s.running_count + k AS level, k + 1 AS nth,
+               (k = 0 OR s.only_step)
+               AND (b.known_level IS NULL
+                    OR s.running_count + k < b.known_level
+                    OR (s.running_count + k = b.known_level
+                        AND s.running_count = b.known_level)) AS exact
+          FROM steps s
+         CROSS JOIN bounds b
+         CROSS JOIN LATERAL generate_series(
+               0, CASE WHEN b.one_pick_each THEN 0
+                       ELSE least(CASE WHEN s.only_step THEN s.step_ready ELSE 2 END,
+                                  b.level_cap - s.running_count + 1) - 1
+                  END) k
+    ), chosen AS (
+        SELECT q.username, q.job_id, q.step_index, q.ready_from, q.first_claim, q.nth, q.seq,
+               p_slots[q.seq] AS request,
+               v_at + (q.seq - 1) * interval '1 microsecond' AS at
+          FROM (SELECT o.*, bool_and(o.exact) OVER (ORDER BY o.seq) AS in_prefix
+                  FROM (SELECT p.*,
+                               row_number() OVER (ORDER BY p.level, p.running_count DESC,
+                                                           p.place) AS seq
+                          FROM picks p) o) q
+         WHERE q.in_prefix
+           AND q.seq <= cardinality(p_slots)
+    ), free AS (
+        -- Each user's items: the lowest free ready ones of its step, one per pick, in order.
+        SELECT c.username,
+               ARRAY(SELECT ready.id
+                       FROM work_items ready
+                      WHERE ready.job_id = c.job_id
+                        AND ready.step_index = c.step_index
+                        AND ready.component = p_component
+                        AND ready.status = 'ready'
+                        AND ready.id >= c.ready_from
+                      ORDER BY ready.id
+                      LIMIT c.picks
+                        FOR NO KEY UPDATE SKIP LOCKED) AS ids
+          FROM (SELECT c.username, c.job_id, c.step_index, c.ready_from, count(*) AS picks
+                  FROM chosen c
+                 GROUP BY c.username, c.job_id, c.step_index, c.ready_from) c
     ), item AS (
         UPDATE work_items wi
            SET status = 'running',
                attempt = wi.attempt + 1,
                lease_expires_at = now() + p_lease_ms * interval '1 millisecond',
                querier = p_querier,
-               worker = p_workers[st.request],
-               claimed_by = p_tokens[st.request],
+               worker = p_workers[c.request],
+               claimed_by = p_tokens[c.request],
                updated_at = now()
-          FROM step st
-         WHERE wi.id = st.item_id
+          FROM chosen c
+          JOIN free f ON f.username = c.username
+         WHERE wi.id = f.ids[c.nth]
            -- The same rows, as a list the primary key is probed with.
-           AND wi.id = ANY (ARRAY(SELECT chosen.item_id FROM step chosen))
+           AND wi.id = ANY (ARRAY(SELECT unnest(listed.ids) FROM free listed))
      RETURNING wi.id, wi.job_id, wi.step_index, wi.payload, wi.inputs, wi.attempt,
-               wi.lease_expires_at, st.username, st.tenant, st.pick, st.at, st.first_claim,
+               wi.lease_expires_at, c.username, c.seq, c.at, c.first_claim,
                (SELECT j.traceparent FROM jobs j WHERE j.job_id = wi.job_id) AS traceparent
+    ), claimed AS (
+        SELECT i.username, i.job_id, i.step_index, count(*)::integer AS items,
+               max(i.at) AS last_at, max(i.id) AS last_id
+          FROM item i
+         GROUP BY i.username, i.job_id, i.step_index
     ), counted_steps AS (
         UPDATE user_work uw
-           SET ready_count = uw.ready_count - 1,
-               running_count = uw.running_count + 1,
-               last_worked = item.at,
-               ready_from = greatest(uw.ready_from, item.id)
-          FROM item
+           SET ready_count = uw.ready_count - cl.items,
+               running_count = uw.running_count + cl.items,
+               last_worked = cl.last_at,
+               ready_from = greatest(uw.ready_from, cl.last_id)
+          FROM claimed cl
          WHERE (uw.job_id, uw.step_index, uw.component)
-               = (item.job_id, item.step_index, p_component)
-           AND uw.job_id = ANY (ARRAY(SELECT claimed.job_id FROM item claimed))
+               = (cl.job_id, cl.step_index, p_component)
+           AND uw.job_id = ANY (ARRAY(SELECT listed.job_id FROM claimed listed))
     ), user_counts AS (
         UPDATE users u
-           SET running_count = u.running_count + 1,
-               last_worked = item.at
-          FROM item
-         WHERE u.username = item.username
-           AND u.username = ANY (ARRAY(SELECT claimed.username FROM item claimed))
-     RETURNING u.username, item.tenant, u.running_count, u.last_worked
+           SET running_count = u.running_count + cl.items,
+               last_worked = cl.last_at
+          FROM claimed cl
+         WHERE u.username = cl.username
+           AND u.username = ANY (ARRAY(SELECT listed.username FROM claimed listed))
+     RETURNING u.username, cl.items, u.running_count, u.last_worked
     ), queues AS (
         UPDATE service_users su
            SET running_count = uc.running_count,
                last_worked = uc.last_worked,
-               ready_count = su.ready_count - 1,
-               local_ready = su.local_ready - 1,
-               local_running = su.local_running + 1,
+               ready_count = su.ready_count - uc.items,
+               local_ready = su.local_ready - uc.items,
+               local_running = su.local_running + uc.items,
                local_last_worked = uc.last_worked
           FROM user_counts uc
          WHERE (su.username, su.service, su.component, su.tenant)
-               = (uc.username, p_service, p_component, uc.tenant)
-           AND su.username = ANY (ARRAY(SELECT claimed.username FROM item claimed))
+               = (uc.username, p_service, p_component, v_tenant)
+           AND su.username = ANY (ARRAY(SELECT listed.username FROM claimed listed))
     ), started AS (
         -- Only a step never worked before can belong to a job not yet running.
         UPDATE jobs j
            SET status = 'running', updated_at = now()
-         WHERE j.job_id = ANY (ARRAY(SELECT claimed.job_id FROM item claimed
-                                      WHERE claimed.first_claim))
+         WHERE j.job_id = ANY (ARRAY(SELECT listed.job_id FROM item listed
+                                      WHERE listed.first_claim))
            AND j.status = 'accepted'
     )
-    SELECT p.request, p.username, p.tenant, i.id, i.job_id, i.step_index, i.payload,
+    SELECT c.request, c.username, v_tenant, i.id, i.job_id, i.step_index, i.payload,
            i.inputs, i.attempt, i.lease_expires_at, i.traceparent
-      FROM picked p
-      LEFT JOIN item i ON i.pick = p.pick
-     ORDER BY p.pick;
+      FROM chosen c
+      LEFT JOIN item i ON i.seq = c.seq
+     ORDER BY c.seq;
 END;
 $round$;

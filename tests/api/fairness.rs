@@ -305,6 +305,27 @@ async fn a_batch_hands_out_what_single_claims_would_in_the_same_order() {
     single.assert_consistent().await;
 }
 
+/// A newcomer far behind takes pick after pick even when the head holds a user for every
+/// item wanted: those users are more than one level ahead, so they cannot share its turns.
+#[tokio::test]
+async fn a_batch_with_a_full_head_still_serves_the_user_behind_until_level() {
+    let (batched, single) = (spawn_app().await, spawn_app().await);
+    for app in [&batched, &single] {
+        for user in ["a", "b", "c"] {
+            app.submit_simple(user, "svc", 10, true).await;
+        }
+        for expected in ["a", "b", "c", "a", "b", "c"] {
+            assert_eq!(user_of(&app.claim("svc").await.expect("an item")), expected);
+        }
+        app.submit_simple("d", "svc", 10, true).await;
+    }
+    let sequence =
+        batch_against_single_claims(&batched, &single, 4, |item| user_of(item).to_owned()).await;
+    assert_eq!(sequence, ["d", "d", "a", "b"]);
+    batched.assert_consistent().await;
+    single.assert_consistent().await;
+}
+
 /// A user with two steps takes them in turn, least recently worked first, in a batch's sets
 /// as in single claims.
 #[tokio::test]
