@@ -70,7 +70,6 @@ AS $finish$
 DECLARE
     v_alone boolean := cardinality(p_ids) = 1;
     v_ended record;
-    v_rivals boolean;
     -- The owners of the batch's items, and those of them this transaction holds.
     v_wanted text[];
     v_owners text[];
@@ -252,13 +251,22 @@ BEGIN
                AND e.status = 'ready'
                AND NOT s.paused
              GROUP BY s.username, s.service, s.component, s.tenant
+        ), contested AS MATERIALIZED (
+            -- Whether other tenants compete for each tenant queue the batch ended items of:
+            -- asked once a queue, not once an ending (materialized, or the planner would fold
+            -- the question into the join below and ask it for every row).
+            SELECT q.service, q.component, q.tenant,
+                   tenant_has_rivals(q.service, q.component, q.tenant) AS rivals
+              FROM (SELECT DISTINCT s.service, s.component, s.tenant FROM steps s) q
         )
         SELECT e.i, e.job_id, e.step_index, e.component, e.results_component, e.querier_leaving,
-               e.fans_out, e.may_aggregate, s.service, s.tenant, s.open_items,
+               e.fans_out, e.may_aggregate, s.service, s.tenant, s.open_items, c.rivals,
                EXISTS (SELECT 1 FROM woken w WHERE w.i = e.i) AS became_claimable
           FROM ended e
           JOIN steps s
             ON (s.job_id, s.step_index, s.component) = (e.job_id, e.step_index, e.component)
+          JOIN contested c
+            ON (c.service, c.component, c.tenant) = (s.service, s.component, s.tenant)
     LOOP
         ending := v_ended.i;
         job_id := v_ended.job_id;
@@ -277,12 +285,11 @@ BEGIN
         -- The tenant's row: alone in its transaction and changing no other step, the
         -- ending applies it here; otherwise the caller does, last, unless it would not change
         -- (a tenant alone in its component keeps no running count).
-        v_rivals := tenant_has_rivals(service, component, tenant);
         tenant_applied := v_alone AND NOT fans_out AND NOT may_aggregate;
-        IF tenant_applied AND (became_claimable OR v_rivals) THEN
+        IF tenant_applied AND (became_claimable OR v_ended.rivals) THEN
             PERFORM apply_tenant_delta(service, component, tenant, -1, became_claimable);
         END IF;
-        tenant_applied := tenant_applied OR NOT (became_claimable OR v_rivals);
+        tenant_applied := tenant_applied OR NOT (became_claimable OR v_ended.rivals);
         -- The job has items open while this step has; otherwise its other steps say.
         job_open_items := v_ended.open_items;
         IF job_open_items = 0 THEN
