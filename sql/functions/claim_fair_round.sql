@@ -50,9 +50,13 @@ RETURNS TABLE (
 LANGUAGE plpgsql
 -- Planned once: a plan made afresh for each set would cost more than the set saves. Never
 -- compiled: the plan cannot see how many items each user takes, so its estimate can pass
--- jit_above_cost, and compiling would cost many times what the set does.
+-- jit_above_cost, and compiling would cost many times what the set does. Never a scan: the
+-- plan expects one row where a set has one per user, so against a small table (a thousand
+-- users) a scan looks cheaper than the probes, and the session would then scan it once per
+-- user for as long as it lives.
 SET plan_cache_mode = force_generic_plan
 SET jit = off
+SET enable_seqscan = off
 AS $round$
 #variable_conflict use_column
 DECLARE

@@ -514,6 +514,26 @@ async fn a_batch_of_endings_finds_its_owners_by_key_at_a_thousand_jobs() {
     }
 }
 
+/// At a thousand users the planner, told to expect one claimed user where a set has a dozen,
+/// finds reading the users table about as cheap as probing it: a set of claims still reads
+/// every table by key, so that its cost does not follow the number of users.
+#[tokio::test]
+async fn a_set_of_claims_probes_its_users_by_key_at_a_thousand_users() {
+    let (db, mut notices) = seeded(1, 1_000, 20_000).await;
+    // One component of the one tenant has work, so that the claims take sets.
+    db.batch_execute("UPDATE tenant_queues SET active = (component = 'ingester')")
+        .await
+        .expect("one active queue");
+    db.batch_execute(AUTO_EXPLAIN).await.expect("auto_explain");
+    let plans = nested_plans(&db, &mut notices, &claims("pod-0")).await;
+    let sets: Vec<_> =
+        plans.iter().filter(|(text, _)| text.contains("LIMIT cardinality(p_slots)")).collect();
+    assert!(!sets.is_empty(), "no plan of a set of claims from the head of the order");
+    for (text, plan) in sets {
+        assert_index_probes(text, plan);
+    }
+}
+
 /// The statements that address one running item by id read it by its primary key even while
 /// the partial indexes over running and finished items are estimated empty, as they are after a
 /// bulk load of ready items until the next ANALYZE, though thousands of items have run since.
