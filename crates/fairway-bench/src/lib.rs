@@ -211,11 +211,12 @@ async fn run_point(
         }
         let run = run_path(args, (path, max), &pool, &config, seeded.clone(), point).await?;
         eprintln!(
-            "{:>22} max {max} {users:>6} users {backlog:>8} items: {:>8.0} claims/s  p99 {:>7.2} ms  jain {:.4}  errors {}",
+            "{:>22} max {max} {users:>6} users {backlog:>8} items: {:>8.0} claims/s  p99 {:>7.2} ms  jain {:.4} (best {:.4})  errors {}",
             run.path,
             run.claims_per_s.unwrap_or(0.0),
             run.p99_ms.unwrap_or(0.0),
             run.jain.unwrap_or(0.0),
+            run.jain_bound.unwrap_or(0.0),
             run.errors
         );
         runs.push(run);
@@ -380,6 +381,13 @@ async fn run_path(
     latencies.sort_unstable();
     let millis = |q| stats::percentile(&latencies, q).map(|micros| micros / 1000.0);
     let seconds = measured.elapsed.as_secs_f64();
+    let served_waiting: Vec<u64> = measured
+        .per_user
+        .iter()
+        .zip(&waiting)
+        .filter(|(_, waits)| **waits)
+        .map(|(served, _)| *served)
+        .collect();
     Ok(Run {
         path: path_name(path),
         users,
@@ -394,15 +402,8 @@ async fn run_path(
         p50_ms: millis(0.5),
         p90_ms: millis(0.9),
         p99_ms: millis(0.99),
-        jain: stats::jain(
-            &measured
-                .per_user
-                .iter()
-                .zip(&waiting)
-                .filter(|(_, waits)| **waits)
-                .map(|(served, _)| *served)
-                .collect::<Vec<_>>(),
-        ),
+        jain: stats::jain(&served_waiting),
+        jain_bound: stats::best_jain(served_waiting.iter().sum(), served_waiting.len() as u64),
         errors: measured.errors,
         wal_bytes_per_claim,
         writes,
@@ -503,6 +504,7 @@ async fn run_wakeups(
             p90_ms: millis(0.9),
             p99_ms: millis(0.99),
             jain: None,
+            jain_bound: None,
             errors: 0,
             wal_bytes_per_claim: None,
             writes: None,

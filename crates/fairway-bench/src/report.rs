@@ -37,6 +37,8 @@ pub struct Run {
     pub p90_ms: Option<f64>,
     pub p99_ms: Option<f64>,
     pub jain: Option<f64>,
+    /// The highest Jain index any order reaches with as many items over as many users.
+    pub jain_bound: Option<f64>,
     pub errors: u64,
     /// WAL written per claim (with its completion) during the path's first pass.
     pub wal_bytes_per_claim: Option<f64>,
@@ -189,7 +191,9 @@ impl Report {
                 jain_met = Some(jain_met.unwrap_or(true) && jain >= 0.99);
                 let wide =
                     if run.max > narrow { format!(" (--max {})", run.max) } else { "".into() };
-                jain_detail.push(format!("{}u/{}{wide}: {jain:.4}", run.users, run.backlog));
+                let best =
+                    run.jain_bound.map(|best| format!(" (best {best:.4})")).unwrap_or_default();
+                jain_detail.push(format!("{}u/{}{wide}: {jain:.4}{best}", run.users, run.backlog));
             }
         }
         targets.push((
@@ -442,6 +446,7 @@ mod tests {
             p90_ms: Some(8.0),
             p99_ms: Some(15.0),
             jain: Some(0.999),
+            jain_bound: Some(1.0),
             errors: 0,
             wal_bytes_per_claim: Some(1600.0),
             writes: Some(Writes { rows: 6.0, cold_updates: 4.0, index_entries: 12.0 }),
@@ -474,6 +479,7 @@ mod tests {
             "p90_ms",
             "p99_ms",
             "jain",
+            "jain_bound",
         ];
         for field in fields {
             assert!(!value["runs"][0][field].is_null(), "runs[0] lacks {field}: {text}");

@@ -1,4 +1,4 @@
-//! Percentiles and Jain's fairness index.
+//! Percentiles, Jain's fairness index and the highest index a count of items allows.
 
 /// The `q`-quantile (0..=1) of sorted values, nearest rank.
 pub fn percentile(sorted: &[u32], q: f64) -> Option<f64> {
@@ -20,6 +20,19 @@ pub fn jain(counts: &[u64]) -> Option<f64> {
     Some(sum * sum / (counts.len() as f64 * squares))
 }
 
+/// The highest Jain index any order reaches serving `items` items to `users` users: every
+/// user within one item of every other. A run that stops inside a round, with some users one
+/// item ahead, scores below 1 however exact its order. None where `jain` would be.
+pub fn best_jain(items: u64, users: u64) -> Option<f64> {
+    if users == 0 || items == 0 {
+        return None;
+    }
+    let (each, ahead) = (items / users, items % users);
+    let squares =
+        ahead as f64 * ((each + 1) as f64).powi(2) + (users - ahead) as f64 * (each as f64).powi(2);
+    Some((items as f64).powi(2) / (users as f64 * squares))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -31,6 +44,17 @@ mod tests {
         assert_eq!(jain(&[0, 0]), None);
         let uneven = jain(&[3, 4, 3, 4]).expect("defined");
         assert!(uneven > 0.97 && uneven < 1.0);
+    }
+
+    #[test]
+    fn the_best_index_is_that_of_users_within_one_item_of_each_other() {
+        assert_eq!(best_jain(40, 10), Some(1.0));
+        assert_eq!(best_jain(45, 10), jain(&[5, 5, 5, 5, 5, 4, 4, 4, 4, 4]));
+        let mid_round = best_jain(45, 10).expect("defined");
+        assert!(mid_round > 0.98 && mid_round < 0.99, "{mid_round}");
+        assert_eq!(best_jain(3, 10), jain(&[1, 1, 1, 0, 0, 0, 0, 0, 0, 0]));
+        assert_eq!(best_jain(0, 10), None);
+        assert_eq!(best_jain(5, 0), None);
     }
 
     #[test]
