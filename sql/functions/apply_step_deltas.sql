@@ -64,9 +64,9 @@ BEGIN
          WHERE u.username = v_step.username
      RETURNING u.running_count, u.last_worked INTO v_running, v_last_worked;
     END IF;
-    -- A change in the user's work in progress levels every queue row of the user with it:
-    -- a copy may lag the users row (a claim moves only its own queue's), but never lead it.
-    -- This step's row also takes its counts.
+    -- A copy of the user's counts may lag the users row (a claim moves only its own queue's),
+    -- never lead it: this step's row takes the user's counts and its own, and the user's other
+    -- rows are lowered only where they would otherwise lead (as finish_items does).
     WITH changed AS (
         UPDATE service_users su
            SET running_count = coalesce(v_running, su.running_count),
@@ -85,8 +85,8 @@ BEGIN
         UPDATE service_users su
            SET running_count = v_running,
                last_worked = v_last_worked
-         WHERE p_running <> 0
-           AND su.username = v_step.username
+         WHERE su.username = v_step.username
+           AND su.running_count > v_running
            AND (su.service, su.component, su.tenant)
                <> (v_step.service, p_component, v_step.tenant)
     )

@@ -103,8 +103,8 @@ BEGIN
     END IF;
 
     -- Every item, then every counter row, each updated once with the sum of its deltas: a
-    -- step's (user_work), its owner's (users, and the copies in every service_users row of the
-    -- owner), its queue's (service_users) and its actor path's (actor_queues).
+    -- step's (user_work), its owner's (users, and the copies in the owner's service_users rows
+    -- that would lead it), its queue's (service_users) and its actor path's (actor_queues).
     FOR v_ended IN
         WITH requested AS (
             SELECT r.*
@@ -195,9 +195,11 @@ BEGIN
               FROM steps s
              GROUP BY s.username, s.service, s.component, s.tenant
         ), queues AS (
-            -- Every queue row of an owner is levelled with the owner's work in progress (a
-            -- copy may lag it, never lead it: see claim_items); the ended items' queue rows
-            -- also take their counts.
+            -- A copy of the owner's counts may lag them, never lead them (see claim_items):
+            -- the ended items' queue rows take their counts and the owner's, and any other row
+            -- of the owner only where its copy would otherwise lead. Rows that lag are left
+            -- for the claim that finds one at the head of its order, so that a user with work
+            -- in many services costs an ending no more rows than one with work in one.
             UPDATE service_users su
                SET running_count = o.running_count,
                    last_worked = o.last_worked,
@@ -210,6 +212,11 @@ BEGIN
                               = (su.username, su.service, su.component, su.tenant))
               FROM owners o
              WHERE su.username = o.username
+               AND (su.running_count > o.running_count
+                    OR EXISTS (SELECT 1
+                                 FROM queue_deltas q
+                                WHERE (q.username, q.service, q.component, q.tenant)
+                                      = (su.username, su.service, su.component, su.tenant)))
             RETURNING su.username, su.service, su.component, su.tenant, su.ready_count
         ), actor_deltas AS (
             -- Each step's path and its prefixes: the nodes above its jobs count them too.

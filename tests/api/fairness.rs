@@ -109,9 +109,30 @@ async fn a_claim_moves_only_the_queue_it_claims_from_and_lagging_rows_are_levell
     // serves bob.
     assert_eq!(user_of(&app.claim("svc").await.expect("item")), "bob");
     assert_eq!(alices_running_counts(&app).await, (2, 2));
-    // An ending levels every row of its owner.
+    // An ending lowers its owner's rows that would otherwise lead.
     app.succeed(&first, json!([])).await;
     assert_eq!(alices_running_counts(&app).await, (1, 1));
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn an_ending_leaves_its_owners_lagging_rows_for_the_claim_to_level() {
+    let app = spawn_app().await;
+    app.submit_simple("alice", "svc", 3, true).await;
+    app.submit_simple("alice", "other", 2, true).await;
+    app.submit_simple("bob", "svc", 1, true).await;
+    let first = app.claim("other").await.expect("item");
+    app.claim("other").await.expect("item");
+    assert_eq!(alices_running_counts(&app).await, (0, 2));
+    // Ending an item elsewhere leaves alice's `svc` row lagging: it still sorts no later than
+    // she does, so no write is owed to it.
+    app.succeed(&first, json!([])).await;
+    assert_eq!(alices_running_counts(&app).await, (0, 1));
+    app.assert_consistent().await;
+    // The claim that finds it at the head levels it, and serves bob, who has none in progress.
+    assert_eq!(user_of(&app.claim("svc").await.expect("item")), "bob");
+    assert_eq!(alices_running_counts(&app).await, (1, 1));
+    assert_eq!(user_of(&app.claim("svc").await.expect("item")), "alice");
     app.assert_consistent().await;
 }
 

@@ -182,10 +182,12 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10)]
     pub competing_tenants: u32,
 
-    /// Beside the matrix, `fair` once more at 1,000 users × 10,000 items where every user also
-    /// has ready work in this many services in all, claimed from the one, reported as path
-    /// `fair_services` (0 or 1: not run). Compare it with `fair` at the same point: a claim's
-    /// cost must not grow with the services a user has work in.
+    /// Beside the matrix, `fair` twice more at 1,000 users × 10,000 items where every user has
+    /// ready work in this many services (0 or 1: not run). Path `fair_services` claims from one
+    /// of them, the others' work a few items a user: compare it with `fair` at the same point,
+    /// since a claim's cost must not grow with the services a user has work in. Path
+    /// `fair_every_service` deals the backlog over all of them and each worker claims from one,
+    /// as a workflow's services do, so that each claim may find its queue row behind its user.
     #[arg(long, default_value_t = 4)]
     pub services_per_user: u32,
 

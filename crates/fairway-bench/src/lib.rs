@@ -17,6 +17,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 use crate::args::{BenchArgs, BenchPath};
+use fairway_api::model::ServiceName;
 use fairway_api::strategy::Strategy;
 use fairway_broker::batch::Batches;
 use fairway_broker::db::{self, DbError};
@@ -95,6 +96,7 @@ async fn run_matrix(
         tenants: args.tenants as usize,
         components: args.components as usize,
         services: 1,
+        claim_every_service: false,
         metadata: args.paths.iter().any(|path| path.strategy().is_some()),
     };
     // The wide claims run at their points beside the others, on the same seed.
@@ -137,18 +139,26 @@ async fn run_matrix(
         }
     }
     if args.services_per_user > 1 && args.paths.contains(&BenchPath::Fair) {
-        let point = Point {
-            users: COMPETING_TENANTS_USERS,
-            backlog: COMPETING_TENANTS_BACKLOG,
-            partitions: seed::Partitions {
-                services: args.services_per_user as usize,
-                ..partitions
-            },
-        };
-        let legs = [(BenchPath::Fair, usize::from(args.max))];
-        for mut run in run_point(args, admin_config, point, &legs, &mut postgres).await? {
-            run.path = SERVICES_PER_USER_PATH.to_owned();
-            runs.push(run);
+        let services = args.services_per_user as usize;
+        for (claim_every_service, jobs_per_user, name) in [
+            (false, partitions.jobs_per_user, SERVICES_PER_USER_PATH),
+            (true, services, EVERY_SERVICE_PATH),
+        ] {
+            let point = Point {
+                users: COMPETING_TENANTS_USERS,
+                backlog: COMPETING_TENANTS_BACKLOG,
+                partitions: seed::Partitions {
+                    services,
+                    claim_every_service,
+                    jobs_per_user,
+                    ..partitions
+                },
+            };
+            let legs = [(BenchPath::Fair, usize::from(args.max))];
+            for mut run in run_point(args, admin_config, point, &legs, &mut postgres).await? {
+                run.path = name.to_owned();
+                runs.push(run);
+            }
         }
     }
     if args.wakeup_trials > 0 {
@@ -164,6 +174,7 @@ const COMPETING_TENANTS_USERS: usize = 1_000;
 const COMPETING_TENANTS_BACKLOG: usize = 10_000;
 pub const COMPETING_TENANTS_PATH: &str = "fair_tenants";
 pub const SERVICES_PER_USER_PATH: &str = "fair_services";
+pub const EVERY_SERVICE_PATH: &str = "fair_every_service";
 
 /// The wake-up measurements' paths: a worker's, and a producer's waiting for its job.
 pub const WAKEUP_PATH: &str = "wakeup";
@@ -297,7 +308,12 @@ async fn run_path(
                 Some(text) => Strategy::parse(text)?.to_claim_argument(),
                 None => None,
             };
-            Runner::Broker { broker, strategy }
+            let services = partitions
+                .claimed_services()
+                .iter()
+                .map(|service| ServiceName::parse(service))
+                .collect::<Result<_, _>>()?;
+            Runner::Broker { broker, strategy, services }
         }
         BenchPath::Http | BenchPath::Http3Brokers => {
             let brokers = if path == BenchPath::Http { 1 } else { 3 };

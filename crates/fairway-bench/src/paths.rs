@@ -31,10 +31,12 @@ pub struct Claimed {
 
 /// One claim path, ready to be driven by many workers.
 pub enum Runner {
-    /// The broker's own claim, under a strategy (None: the fair order).
+    /// The broker's own claim, under a strategy (None: the fair order), worker i claiming
+    /// from `services[i mod n]`.
     Broker {
         broker: Broker,
         strategy: Option<Arc<Value>>,
+        services: Vec<ServiceName>,
     },
     Sql {
         pool: Pool,
@@ -82,9 +84,12 @@ impl FifoStatements {
 impl Runner {
     async fn claim(&self, worker: usize, max: usize) -> Result<Vec<Claimed>, BenchError> {
         match self {
-            Self::Broker { broker, strategy } => {
+            Self::Broker { broker, strategy, services } => {
+                let Some(service) = services.get(worker % services.len().max(1)) else {
+                    return Err(BenchError::Unexpected("no service to claim from".to_owned()));
+                };
                 let request = ClaimRequest {
-                    service: ServiceName::parse(SERVICE)?,
+                    service: service.clone(),
                     querier: QuerierName::parse("bench")?,
                     worker: (worker % 1024) as i32,
                     max,

@@ -6,8 +6,8 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::{
-    is_wakeup, BenchError, COMPETING_TENANTS_PATH, JOB_WAKEUP_PATH, SERVICES_PER_USER_PATH,
-    WAKEUP_PATH,
+    is_wakeup, BenchError, COMPETING_TENANTS_PATH, EVERY_SERVICE_PATH, JOB_WAKEUP_PATH,
+    SERVICES_PER_USER_PATH, WAKEUP_PATH,
 };
 
 #[derive(Debug, Clone, Serialize)]
@@ -215,13 +215,23 @@ impl Report {
         // A claim costs the same however many services its user has work in.
         if let Some(run) = self.runs.iter().find(|run| run.path == SERVICES_PER_USER_PATH) {
             let ratio = run.claims_per_s.zip(claims("fair", run.users, run.backlog, run.max));
+            // Not part of the bar, beside it: the same users claimed from in every service.
+            let every = self
+                .runs
+                .iter()
+                .find(|run| run.path == EVERY_SERVICE_PATH)
+                .and_then(|every| every.claims_per_s.zip(ratio.map(|(_, one)| one)))
+                .map(|(every, one)| {
+                    format!("; claimed from every service: {every:.0}: {:.3}x", every / one)
+                })
+                .unwrap_or_default();
             targets.push((
                 "fair with work in more services ≥ 0.9 × fair with one".to_owned(),
                 ratio.map(|(many, one)| many >= 0.9 * one),
                 ratio
                     .map(|(many, one)| {
                         format!(
-                            "{}u/{}: {many:.0} vs {one:.0}: {:.3}x",
+                            "{}u/{}: {many:.0} vs {one:.0}: {:.3}x{every}",
                             run.users,
                             run.backlog,
                             many / one

@@ -41,6 +41,15 @@ fn username(index: usize) -> String {
     format!("user-{index:05}")
 }
 
+/// The benched service, then bench-2, bench-3 and so on (as seed_other_services.sql names them).
+fn service_name(index: usize) -> String {
+    if index == 0 {
+        SERVICE.to_owned()
+    } else {
+        format!("{SERVICE}-{}", index + 1)
+    }
+}
+
 /// How many jobs each user has, and how the users and jobs are dealt over tenants and query
 /// components.
 #[derive(Debug, Clone, Copy)]
@@ -50,6 +59,10 @@ pub struct Partitions {
     pub components: usize,
     /// Services each user has ready work in: the benched one, and the rest unclaimed.
     pub services: usize,
+    /// Whether the workers claim from every one of the services, each worker from one, rather
+    /// than from the benched one alone. Each user then has a job in every service, the jobs
+    /// dealt over the services (so --jobs-per-user should be the number of services).
+    pub claim_every_service: bool,
     /// Whether jobs get metadata and priorities, for the strategy paths.
     pub metadata: bool,
 }
@@ -62,6 +75,21 @@ impl Partitions {
         } else {
             format!("tenant-{:04}", index % self.tenants)
         }
+    }
+
+    /// Job `index`'s service, where `users` users own the jobs in turn.
+    fn service(self, index: usize, users: usize) -> String {
+        if self.claim_every_service {
+            service_name(index / users % self.services)
+        } else {
+            SERVICE.to_owned()
+        }
+    }
+
+    /// The services the workers claim from, worker i from the i-th modulo their number.
+    pub fn claimed_services(self) -> Vec<String> {
+        let claimed = if self.claim_every_service { self.services } else { 1 };
+        (0..claimed).map(service_name).collect()
     }
 
     fn component(self, index: usize) -> String {
@@ -93,6 +121,7 @@ pub async fn seed(
     let names: Vec<String> = (0..users).map(username).collect();
     let tenants: Vec<String> = (0..users).map(|user| partitions.tenant(user)).collect();
     let components: Vec<String> = (0..job_count).map(|job| partitions.component(job)).collect();
+    let services: Vec<String> = (0..job_count).map(|job| partitions.service(job, users)).collect();
     client
         .execute(
             "INSERT INTO tenants (tenant) SELECT DISTINCT unnest($1::text[]) ON CONFLICT DO NOTHING",
@@ -128,7 +157,9 @@ pub async fn seed(
         &client,
         "job_steps (job_id, step_index, service, aggregate)",
         &[Type::UUID, Type::INT4, Type::TEXT, Type::BOOL],
-        jobs.iter().map(|job| vec![job as &(dyn ToSql + Sync), &0_i32, &SERVICE, &false]),
+        jobs.iter()
+            .zip(&services)
+            .map(|(job, service)| vec![job as &(dyn ToSql + Sync), &0_i32, service, &false]),
     )
     .await?;
     copy_rows(
@@ -151,7 +182,7 @@ pub async fn seed(
                 &0_i32,
                 &components[job],
                 &names[owner],
-                &SERVICE,
+                &services[job],
                 &true,
                 &tenants[owner],
                 &no_actor,
@@ -159,15 +190,15 @@ pub async fn seed(
         }),
     )
     .await?;
-    // One row per user and component its jobs need.
-    let queues: BTreeSet<(usize, &String)> =
-        (0..job_count).map(|job| (owners[job], &components[job])).collect();
+    // One row per user, service and component its jobs need.
+    let queues: BTreeSet<(usize, &String, &String)> =
+        (0..job_count).map(|job| (owners[job], &services[job], &components[job])).collect();
     copy_rows(
         &client,
         "service_users (service, component, tenant, username)",
         &[Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT],
-        queues.iter().map(|&(user, component)| {
-            vec![&SERVICE as &(dyn ToSql + Sync), component, &tenants[user], &names[user]]
+        queues.iter().map(|&(user, service, component)| {
+            vec![service as &(dyn ToSql + Sync), component, &tenants[user], &names[user]]
         }),
     )
     .await?;
@@ -188,9 +219,9 @@ pub async fn seed(
             .map(|job| vec![&jobs[job] as &(dyn ToSql + Sync), &0_i32, &components[job], &payload]),
     )
     .await?;
-    if partitions.services > 1 {
-        let services = i32::try_from(partitions.services).unwrap_or(i32::MAX);
-        client.execute(SEED_OTHER_SERVICES, &[&services, &OTHER_SERVICE_ITEMS]).await?;
+    if partitions.services > 1 && !partitions.claim_every_service {
+        let service_count = i32::try_from(partitions.services).unwrap_or(i32::MAX);
+        client.execute(SEED_OTHER_SERVICES, &[&service_count, &OTHER_SERVICE_ITEMS]).await?;
     }
     if partitions.metadata {
         client.batch_execute(SEED_METADATA).await?;
