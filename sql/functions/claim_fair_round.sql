@@ -63,6 +63,7 @@ DECLARE
     v_at timestamptz := clock_timestamp();
     v_tenant text;
     v_least integer;
+    v_first_lags boolean;
 BEGIN
     -- The one active tenant queue, read as the one-at-a-time claim reads the tenants.
     SELECT tq.tenant
@@ -83,14 +84,20 @@ BEGIN
     -- The least work in progress in the order. No user further ahead of it than there are
     -- items wanted can be reached, and bounding the head by that keeps its read a short range
     -- of the order's index: the plan, made once, cannot see the LIMIT.
-    SELECT su.running_count
-      INTO v_least
+    -- A first row that lags its user would end the set before its first pick: then the
+    -- caller's single claims, which bring such rows level, go on at once. (Read without the
+    -- user's lock: the set checks again under it.)
+    SELECT su.running_count,
+           u.running_count IS DISTINCT FROM su.running_count
+               OR u.last_worked IS DISTINCT FROM su.last_worked
+      INTO v_least, v_first_lags
       FROM service_users su
+      JOIN users u ON u.username = su.username
      WHERE (su.service, su.component, su.tenant) = (p_service, p_component, v_tenant)
        AND su.ready_count > 0
      ORDER BY su.running_count, su.last_worked NULLS FIRST, su.username
      LIMIT 1;
-    IF v_least IS NULL THEN
+    IF v_least IS NULL OR v_first_lags THEN
         RETURN;
     END IF;
 

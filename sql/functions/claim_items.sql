@@ -18,8 +18,8 @@
 --    over all services, then least recently worked) whose users row is free. SKIP LOCKED sends
 --    a concurrent claimer on to the next user, tenant or component instead of queueing. A
 --    queue row's copies of the user's counts may lag them, never lead: a row found lagging at
---    the head is brought level and the order read again, so the first level row is the user
---    that truly goes first.
+--    the head is brought level (with the lagging rows of free users just behind it) and the
+--    order read again, so the first level row is the user that truly goes first.
 -- 4. Down the user's actor tree: a node's best child actor goes before the node's own jobs when
 --    it has less work in progress, or as much and was worked less recently (never worked counts
 --    as longest ago). Skipped when none of the user's ready work is under an actor.
@@ -596,14 +596,33 @@ BEGIN
                     IF v_pick.stale THEN
                         -- The row's copies lag the user's counts (claims move only the row
                         -- they claim from), so the user sorts later than the row says: bring
-                        -- it level, under the user's lock the pick took, and look again.
+                        -- it level, under the user's lock the pick took, and look again. Where
+                        -- users are claimed in several services, the rows just behind it
+                        -- mostly lag too: those whose users are free are levelled with it.
                         UPDATE service_users su
                            SET running_count = u.running_count,
                                last_worked = u.last_worked
-                          FROM users u
-                         WHERE u.username = su.username
-                           AND (su.username, su.service, su.component, su.tenant)
-                               = (v_pick.username, v_service, v_component, v_pick.tenant);
+                          FROM (SELECT h.username
+                                  FROM (SELECT l.username, l.running_count, l.last_worked
+                                          FROM service_users l
+                                         WHERE (l.service, l.component, l.tenant)
+                                               = (v_service, v_component, v_pick.tenant)
+                                           AND l.ready_count > 0
+                                         ORDER BY l.running_count, l.last_worked NULLS FIRST,
+                                                  l.username
+                                         LIMIT 16) h
+                                 WHERE h.username = v_pick.username
+                                    OR (SELECT (seen.running_count, seen.last_worked)
+                                                   IS DISTINCT FROM (h.running_count,
+                                                                     h.last_worked)
+                                          FROM users seen
+                                         WHERE seen.username = h.username)) lagging
+                          JOIN LATERAL (SELECT u.running_count, u.last_worked
+                                          FROM users u
+                                         WHERE u.username = lagging.username
+                                           FOR NO KEY UPDATE SKIP LOCKED) u ON true
+                         WHERE (su.username, su.service, su.component, su.tenant)
+                               = (lagging.username, v_service, v_component, v_pick.tenant);
                         CONTINUE looks;
                     END IF;
                 END IF;

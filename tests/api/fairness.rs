@@ -394,6 +394,44 @@ async fn a_batch_stops_its_set_at_a_lagging_row_as_single_claims_would() {
     assert_eq!(sequence, ["a", "a", "b", "a", "b"]);
 }
 
+/// Where users are claimed in several services, the rows behind a lagging one mostly lag too:
+/// the claim that meets one at the head of its order levels those of free users with it,
+/// rather than meeting them one look at a time.
+#[tokio::test]
+async fn a_claim_levels_the_lagging_rows_behind_the_one_it_meets() {
+    let app = spawn_app().await;
+    for user in ["ann", "dan"] {
+        app.submit_simple(user, "svc", 2, true).await;
+        app.submit_simple(user, "other", 2, true).await;
+    }
+    app.submit_simple("cat", "svc", 2, true).await;
+    for _ in 0..2 {
+        app.claim("other").await.expect("an item elsewhere");
+    }
+    let copies = "SELECT su.username, su.running_count, u.running_count
+                    FROM service_users su
+                    JOIN users u USING (username)
+                   WHERE su.service = 'svc'
+                   ORDER BY su.username";
+    let counts = |rows: Vec<tokio_postgres::Row>| -> Vec<(String, i32, i32)> {
+        rows.iter().map(|row| (row.get(0), row.get(1), row.get(2))).collect()
+    };
+    let before = counts(app.db.query(copies, &[]).await.expect("svc rows"));
+    assert_eq!(
+        before,
+        [("ann".to_owned(), 0, 1), ("cat".to_owned(), 0, 0), ("dan".to_owned(), 0, 1)]
+    );
+    // Ann's row lags at the head: the claim levels it and dan's behind cat's, then serves cat,
+    // leaving dan's where it belongs though no claim reached it.
+    assert_eq!(user_of(&app.claim("svc").await.expect("an item")), "cat");
+    let after = counts(app.db.query(copies, &[]).await.expect("svc rows"));
+    assert_eq!(
+        after,
+        [("ann".to_owned(), 1, 1), ("cat".to_owned(), 1, 1), ("dan".to_owned(), 1, 1)]
+    );
+    app.assert_consistent().await;
+}
+
 /// Claims `max` items of svc in one batch from `batched`, and one at a time from `single`,
 /// two brokers holding the same work; asserts both handed out the same items, named by
 /// `name`, in the same order, and that both brokers' counters still add up, and returns that
