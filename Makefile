@@ -68,7 +68,8 @@ bench:
 bench-scale:
 	$(CARGO) run --release -- bench --points 10x10000,10000x1000000,100000x1000000 \
 		--paths fair,fifo_batched --wide-max 1 --rounds 10 --max-duration 4m \
-		--competing-tenants 0 --wakeup-trials 0 --json docs/bench/scale/results.json
+		--competing-tenants 0 --services-per-user 0 --wakeup-trials 0 \
+		--json docs/bench/scale/results.json
 
 ## The two-minute smoke version, on a throwaway cluster unless DATABASE_URL is set.
 bench-quick:
