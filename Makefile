@@ -64,7 +64,7 @@ bench:
 
 ## Many users: fair beside fifo_batched at 10 × 10,000 (the reference for a flat p99), then at
 ## 10,000 and 100,000 users × 1,000,000 items, each run long enough to serve 10 items a user
-## (about 15 minutes on 2 cores); results in docs/bench/scale/.
+## (about 10 minutes on 2 cores); results in docs/bench/scale/.
 bench-scale:
 	$(CARGO) run --release -- bench --points 10x10000,10000x1000000,100000x1000000 \
 		--paths fair,fifo_batched --wide-max 1 --rounds 10 --max-duration 4m \

@@ -60,8 +60,8 @@ pub struct Partitions {
     /// Services each user has ready work in: the benched one, and the rest unclaimed.
     pub services: usize,
     /// Whether the workers claim from every one of the services, each worker from one, rather
-    /// than from the benched one alone. Each user then has a job in every service, the jobs
-    /// dealt over the services (so --jobs-per-user should be the number of services).
+    /// than from the benched one alone. The jobs are then dealt over the services in turn, so
+    /// each user has work in every service when it has a multiple of `services` jobs.
     pub claim_every_service: bool,
     /// Whether jobs get metadata and priorities, for the strategy paths.
     pub metadata: bool,
