@@ -114,7 +114,8 @@ async function refreshOverview() {
   const services = body.services;
   $("#overview .empty").hidden = services.length > 0;
   fillTable($("#services"), services, [
-    (s) => link("shares", s.service), (s) => s.ready, (s) => s.running, (s) => s.paused,
+    (s) => link("shares", s.service), (s) => s.ready, (s) => s.scheduled, (s) => s.running,
+    (s) => s.paused,
     (s) => age(s.oldest_ready_age_seconds), (s) => s.claims_per_second.toFixed(1),
     (s) => s.waiting_workers,
   ]);
@@ -371,8 +372,8 @@ async function refreshJob() {
   $("#job-detail button[data-action=cancel]").hidden = FINISHED.includes(job.status);
   $("#job-detail button[data-action=retry]").hidden = !job.steps.some((step) => step.failed > 0);
   fillTable($("#job-steps"), job.steps.map((step, index) => ({ index, ...step })), [
-    (s) => s.index, (s) => s.service, (s) => s.total, (s) => s.ready, (s) => s.running,
-    (s) => s.successful, (s) => s.failed, (s) => s.canceled,
+    (s) => s.index, (s) => s.service, (s) => s.total, (s) => s.ready, (s) => s.scheduled,
+    (s) => s.running, (s) => s.successful, (s) => s.failed, (s) => s.canceled,
   ]);
   await refreshItems();
 }

@@ -67,6 +67,34 @@ async fn admin_lists_what_the_api_serves_as_tables_and_as_json() {
     assert!(consistency.contains("consistent"), "{consistency}");
 }
 
+/// The cells of the row of a `fairway admin` table whose first cell is `first`, by column name.
+fn table_row<'a>(table: &'a str, first: &str) -> std::collections::BTreeMap<&'a str, &'a str> {
+    let mut rows = table.lines().filter(|line| line.starts_with('│')).map(|line| {
+        line.split(['│', '┆']).map(str::trim).filter(|cell| !cell.is_empty()).collect::<Vec<_>>()
+    });
+    let header = rows.next().unwrap_or_default();
+    let row = rows.find(|row| row.first() == Some(&first)).unwrap_or_default();
+    header.into_iter().zip(row).collect()
+}
+
+#[tokio::test]
+async fn admin_tables_count_scheduled_items_apart_from_ready_ones() {
+    let app = spawn_app().await;
+    let later = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
+    let job = app
+        .submit(json!({ "user": "alice", "steps": [{ "service": "resizer" }],
+                        "items": [{}, {}], "not_before": later }))
+        .await;
+    app.submit_simple("bob", "resizer", 1, true).await;
+
+    let services = succeed(&app, &["admin", "services"]).await;
+    let row = table_row(&services, "resizer");
+    assert_eq!((row.get("ready"), row.get("scheduled")), (Some(&"1"), Some(&"2")), "{services}");
+    let shown = succeed(&app, &["admin", "jobs", "show", &job.to_string()]).await;
+    let step = table_row(&shown, "0");
+    assert_eq!((step.get("ready"), step.get("scheduled")), (Some(&"0"), Some(&"2")), "{shown}");
+}
+
 #[tokio::test]
 async fn admin_steers_jobs_and_says_the_apis_error_with_a_failing_exit() {
     let app = spawn_app().await;

@@ -355,11 +355,12 @@ async fn the_jobs_page_finds_a_users_job_shows_it_and_pauses_it() {
     let steps = browser.table("#job-steps").await;
     let step = &document["steps"][0];
     assert_eq!(
-        steps[0][1..6],
+        steps[0][1..7],
         [
             step["service"].as_str().expect("service").to_owned(),
             step["total"].to_string(),
             step["ready"].to_string(),
+            step["scheduled"].to_string(),
             step["running"].to_string(),
             step["successful"].to_string(),
         ],
@@ -400,6 +401,10 @@ async fn the_overview_shows_each_services_queue_as_the_api_does() {
     let app = spawn_app().await;
     app.submit_simple("alice", "subsetter", 5, true).await;
     app.submit_simple("bob", "concat", 2, true).await;
+    let later = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
+    app.submit(json!({ "user": "carol", "steps": [{ "service": "concat" }],
+                       "items": [{}, {}, {}], "not_before": later }))
+        .await;
     app.claim("subsetter").await.expect("an item");
 
     browser.open(&app, "overview").await;
@@ -409,7 +414,7 @@ async fn the_overview_shows_each_services_queue_as_the_api_does() {
         .expect("services")
         .iter()
         .map(|service| {
-            ["service", "ready", "running", "paused"]
+            ["service", "ready", "scheduled", "running", "paused"]
                 .iter()
                 .map(|key| service[key].to_string().trim_matches('"').to_owned())
                 .collect()
@@ -417,11 +422,11 @@ async fn the_overview_shows_each_services_queue_as_the_api_does() {
         .collect();
     assert_eq!(
         expected,
-        [["concat", "2", "0", "0"], ["subsetter", "4", "1", "0"]],
+        [["concat", "2", "3", "0", "0"], ["subsetter", "4", "0", "1", "0"]],
         "the API counts the seeded work"
     );
     let shown: Vec<Vec<String>> =
-        browser.table("#services").await.into_iter().map(|row| row[..4].to_vec()).collect();
+        browser.table("#services").await.into_iter().map(|row| row[..5].to_vec()).collect();
     assert_eq!(shown, expected, "the page shows the API's numbers");
     browser.screenshot("overview").await;
     browser.close().await;
@@ -581,6 +586,37 @@ async fn the_jobs_page_pages_a_jobs_items_shows_their_errors_and_retries_them() 
         })
         .await;
     assert_eq!(ready.iter().map(|row| row[0].clone()).collect::<Vec<_>>(), failed);
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(fairway_no_browser, ignore = "needs /usr/bin/chromium and /usr/bin/chromedriver")]
+async fn the_jobs_page_counts_and_lists_items_waiting_for_their_time() {
+    let browser = Browser::start().await;
+    let app = spawn_app().await;
+    let later = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
+    let job = app
+        .submit(json!({ "user": "gina", "steps": [{ "service": "svc" }],
+                        "items": [{}, {}, {}], "not_before": later }))
+        .await;
+    let scheduled = item_ids(&app, job, "scheduled").await;
+    assert_eq!(scheduled.len(), 3);
+
+    browser.open(&app, &format!("jobs/{job}")).await;
+    // Columns: step, service, total, ready, scheduled, running.
+    let steps = browser
+        .await_table("#job-steps", "the step's counts", |rows| {
+            rows.first().is_some_and(|row| row.len() > 5)
+        })
+        .await;
+    assert_eq!(steps[0][2..6], ["3", "0", "3", "0"], "total, ready, scheduled, running");
+    browser.choose("#item-filter select[name=status]", "scheduled").await;
+    let shown = browser
+        .await_table("#job-items", "the scheduled items", |rows| {
+            rows.len() == 3 && rows.iter().all(|row| row[2] == "scheduled")
+        })
+        .await;
+    assert_eq!(shown.iter().map(|row| row[0].clone()).collect::<Vec<_>>(), scheduled);
     browser.close().await;
 }
 

@@ -304,7 +304,7 @@ async fn a_job_with_scheduled_items_is_unfinished() {
 }
 
 #[tokio::test]
-async fn scheduled_items_show_in_the_metrics() {
+async fn scheduled_items_show_in_the_metrics_and_the_services_overview() {
     let mut args = args();
     args.metrics.metrics_refresh = Duration::ZERO;
     let app = spawn_app_with(args).await;
@@ -317,6 +317,10 @@ async fn scheduled_items_show_in_the_metrics() {
     .await;
     let ready = scraped.value("fairway_work_items", &[("service", "metered"), ("state", "ready")]);
     assert_eq!(ready, Some(0.0));
+    let overview: Value = app.get("/admin/services").await.json().await.expect("JSON");
+    let metered = &overview["services"][0];
+    assert_eq!(metered["service"], "metered", "{overview}");
+    assert_eq!((&metered["ready"], &metered["scheduled"]), (&json!(0), &json!(4)), "{overview}");
 }
 
 #[tokio::test]

@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize};
 pub struct ServiceSummary {
     pub service: String,
     pub ready: i64,
+    /// Items waiting for their time (a retry's delay, or the job's not_before): not
+    /// claimable yet.
+    #[serde(default)]
+    pub scheduled: i64,
     pub running: i64,
     /// Ready items of paused jobs.
     pub paused: i64,

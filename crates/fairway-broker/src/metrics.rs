@@ -429,6 +429,7 @@ impl Metrics {
             summaries.entry(service).or_insert_with(|| ServiceSummary {
                 service: service.clone(),
                 ready: 0,
+                scheduled: 0,
                 running: 0,
                 paused: 0,
                 oldest_ready_age_seconds: None,
@@ -442,6 +443,7 @@ impl Metrics {
             let value = row.value as i64;
             match (row.measure.as_str(), row.tenant.is_some()) {
                 ("ready", true) => summary.ready += value,
+                ("scheduled", true) => summary.scheduled += value,
                 ("running", true) => summary.running += value,
                 ("paused", true) => summary.paused += value,
                 ("active_users", false) => summary.active_users = value,

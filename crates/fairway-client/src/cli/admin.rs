@@ -208,6 +208,7 @@ fn services_table(services: &[ServiceSummary]) -> Table {
     let mut table = table(&[
         "service",
         "ready",
+        "scheduled",
         "running",
         "paused",
         "oldest ready",
@@ -222,6 +223,7 @@ fn services_table(services: &[ServiceSummary]) -> Table {
         table.add_row(vec![
             service.service.clone(),
             service.ready.to_string(),
+            service.scheduled.to_string(),
             service.running.to_string(),
             service.paused.to_string(),
             oldest,
@@ -271,6 +273,7 @@ fn job_table(job: &JobDocument) -> Table {
         "service",
         "total",
         "ready",
+        "scheduled",
         "running",
         "successful",
         "failed",
@@ -282,6 +285,7 @@ fn job_table(job: &JobDocument) -> Table {
             step.service.clone(),
             step.total.to_string(),
             step.ready.to_string(),
+            step.scheduled.to_string(),
             step.running.to_string(),
             step.successful.to_string(),
             step.failed.to_string(),
