@@ -149,6 +149,11 @@ async fn admin_applies_a_bulk_action_to_the_jobs_a_filter_matches() {
     let app = spawn_app().await;
     let alice = app.submit_simple("alice", "svc", 1, true).await;
     let bob = app.submit_simple("bob", "svc", 1, true).await;
+    let before = app.fingerprint().await;
+    let counted =
+        succeed(&app, &["admin", "jobs", "bulk", "cancel", "--service", "svc", "--dry-run"]).await;
+    assert!(counted.contains("matches 2 jobs; a dry run changes none"), "{counted}");
+    assert_eq!(app.fingerprint().await, before, "a dry run changes nothing");
     let table = succeed(&app, &["admin", "jobs", "bulk", "pause", "--user", "alice"]).await;
     assert!(table.contains("matched 1 jobs, changed 1"), "{table}");
     assert_eq!(app.job(alice).await["status"], "paused");

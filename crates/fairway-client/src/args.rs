@@ -128,6 +128,9 @@ pub enum JobCommand {
         /// Only jobs submitted before this RFC 3339 time.
         #[arg(long)]
         submitted_before: Option<String>,
+        /// Count the jobs the filter matches now, and change none.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 

@@ -139,6 +139,9 @@ pub struct JobFilter {
     pub service: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub submitted_before: Option<String>,
+    /// Count the jobs the filter matches now and change none.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
 }
 
 /// How many jobs a bulk action matched and changed.
@@ -321,7 +324,8 @@ impl Client {
         decode(self.request(Method::POST, &path).send().await?).await
     }
 
-    /// Applies `action` (pause, resume, cancel or retry) to every job `filter` matches.
+    /// Applies `action` (pause, resume, cancel or retry) to every job `filter` matches; with
+    /// `filter.dry_run`, only counts them.
     pub async fn bulk(&self, action: &str, filter: &JobFilter) -> Result<BulkAnswer, ClientError> {
         let path = format!("/admin/jobs/{action}");
         decode(self.request(Method::POST, &path).json(filter).send().await?).await

@@ -36,13 +36,26 @@ async fn run_command(args: AdminArgs) -> Result<(), CliError> {
         }
         AdminCommand::Jobs { command } => {
             let job = match command {
-                JobCommand::Bulk { action, user, tenant, status, service, submitted_before } => {
-                    let filter = JobFilter { user, tenant, status, service, submitted_before };
+                JobCommand::Bulk {
+                    action,
+                    user,
+                    tenant,
+                    status,
+                    service,
+                    submitted_before,
+                    dry_run,
+                } => {
+                    let filter =
+                        JobFilter { user, tenant, status, service, submitted_before, dry_run };
                     let answer = client.bulk(action.as_str(), &filter).await?;
                     if print.json {
                         return print.json(&answer);
                     }
-                    println!("matched {} jobs, changed {}", answer.matched, answer.changed);
+                    if dry_run {
+                        println!("matches {} jobs; a dry run changes none", answer.matched);
+                    } else {
+                        println!("matched {} jobs, changed {}", answer.matched, answer.changed);
+                    }
                     return Ok(());
                 }
                 JobCommand::Show { job_id } => client.job(JobId(job_id)).await?,
