@@ -186,6 +186,10 @@ async fn an_ending_whose_owner_is_held_holds_up_no_other_ending() {
 
     holder.batch_execute("COMMIT").await.expect("release alice's row");
     assert_eq!(alices_ending.await.status(), StatusCode::OK);
+    // Operators see it: alice's ending went again ten times, then waited; bob's never did.
+    let scraped = crate::metrics::scrape(&app).await;
+    let deferrals = |then| scraped.get("fairway_ending_deferrals_total", &[("then", then)]);
+    assert_eq!((deferrals("sent_again"), deferrals("waited")), (10.0, 1.0));
     app.assert_consistent().await;
 }
 

@@ -20,7 +20,7 @@ use crate::db::sql::{
     ItemState, PlanAggregateItem, RefreshJobStatus, Statement,
 };
 use crate::jobs::{apply_step_deltas, create_step_queues, StepDeltas, TenantDeltas, TenantRow};
-use crate::metrics::{BatchKind, Finish};
+use crate::metrics::{BatchKind, Deferral, Finish};
 use crate::retry::unit_random;
 use crate::rows::retry_policy;
 use crate::{traces, BrokerError, Tenancy};
@@ -228,10 +228,12 @@ impl Endings {
                 // this broker's claim batch has let go of its rows, or after a pause when the
                 // holder is elsewhere.
                 Answer::Deferred => {
+                    self.core.metrics.ending_deferred(Deferral::SentAgain);
                     let _ = tokio::time::timeout(DEFERRAL_PAUSE, claims_committed).await;
                 }
             }
         }
+        self.core.metrics.ending_deferred(Deferral::Waited);
         let mut answers = self.end_batch(&[ending], LeaseCondition::Any, Owners::Wait).await?;
         match answers.pop().unwrap_or(Err(BrokerError::BatchLost))? {
             Answer::Applied(status) | Answer::Repeated(status) => Ok(status),

@@ -58,6 +58,16 @@ pub enum BatchKind {
     Ending,
 }
 
+/// What became of a worker's report whose owner's row another transaction held, for
+/// `fairway_ending_deferrals_total`.
+#[derive(Debug, Clone, Copy)]
+pub enum Deferral {
+    /// It goes again with a later batch.
+    SentAgain,
+    /// Deferred too often, it waits for the row in a transaction of its own.
+    Waited,
+}
+
 /// One row of the database's gauges, as `sql/refresh_metrics.sql` stores them.
 #[derive(Debug, Clone, Deserialize)]
 pub struct GaugeRow {
@@ -109,6 +119,7 @@ pub struct Metrics {
     transaction_retries: IntCounterVec,
     transaction_retries_exhausted: IntCounterVec,
     claims_released: IntCounterVec,
+    ending_deferrals: IntCounterVec,
     claim_duration: Histogram,
     queue_wait: HistogramVec,
     batch_size: HistogramVec,
@@ -215,6 +226,13 @@ impl Metrics {
                 "Items claimed for a long poll whose client had gone before the answer, put \
                  back at once without counting an attempt.",
                 &["service"],
+            )?,
+            ending_deferrals: counter(
+                "fairway_ending_deferrals_total",
+                "Worker reports that found their owner's row held by another transaction (a \
+                 claim batch, mostly): then sent again with a later batch, or, after 10 such, \
+                 waiting for the row alone.",
+                &["then"],
             )?,
             claim_duration,
             queue_wait: histogram(
@@ -323,6 +341,15 @@ impl Metrics {
     /// An item claimed for a client that had gone went back to ready.
     pub fn claim_released(&self, service: &str) {
         self.claims_released.with_label_values(&[service]).inc();
+    }
+
+    /// A worker's report found its owner's row held.
+    pub fn ending_deferred(&self, deferral: Deferral) {
+        let then = match deferral {
+            Deferral::SentAgain => "sent_again",
+            Deferral::Waited => "waited",
+        };
+        self.ending_deferrals.with_label_values(&[then]).inc();
     }
 
     pub fn claim_batch(&self, requests: usize, took: Duration) {
