@@ -167,6 +167,26 @@ async fn nested_plans(
     plans
 }
 
+/// The plans of a batch of claims from pod-0 run after `setup` (in the same rolled-back
+/// transaction, its own plan left out); fails unless one of them contains `marker`, the text of
+/// the statement `what` names.
+async fn claim_plans_after(
+    db: &tokio_postgres::Client,
+    notices: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    setup: &str,
+    marker: &str,
+    what: &str,
+) -> Vec<(String, Value)> {
+    let batch = format!("DO $$BEGIN {setup}; END$$; {}", claims("pod-0"));
+    let plans: Vec<_> = nested_plans(db, notices, &batch)
+        .await
+        .into_iter()
+        .filter(|(text, _)| text.trim() != setup)
+        .collect();
+    assert!(plans.iter().any(|(text, _)| text.contains(marker)), "no plan of {what}");
+    plans
+}
+
 /// Has auto_explain report the plan of every statement the session runs, those inside
 /// functions too, as a notice.
 const AUTO_EXPLAIN: &str = "LOAD 'auto_explain';
@@ -340,30 +360,16 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
         plans.extend(nested_plans(&db, &mut notices, &claims("pod-3")).await);
         // Where one tenant alone has work for the service, the fair claims take sets of the
         // order's head (claim_fair_round).
-        let one_tenant = format!("DO $$BEGIN {ONE_TENANT_ACTIVE}; END$$; {}", claims("pod-0"));
-        let sets: Vec<_> = nested_plans(&db, &mut notices, &one_tenant)
-            .await
-            .into_iter()
-            .filter(|(text, _)| text.trim() != ONE_TENANT_ACTIVE)
-            .collect();
-        assert!(
-            sets.iter().any(|(text, _)| text.contains("LIMIT cardinality(p_slots)")),
-            "no plan of a set of claims from the head of the order ({mode})"
+        let what = format!("a set of claims from the head of the order ({mode})");
+        let setup = ONE_TENANT_ACTIVE;
+        plans.extend(
+            claim_plans_after(&db, &mut notices, setup, "LIMIT cardinality(p_slots)", &what).await,
         );
-        plans.extend(sets);
         // Where users were claimed elsewhere, the rows at the head lag their users: a claim
         // levels them, with those just behind, by key.
-        let lagging = format!("DO $$BEGIN {USERS_AHEAD_OF_THEIR_ROWS}; END$$; {}", claims("pod-0"));
-        let levelled: Vec<_> = nested_plans(&db, &mut notices, &lagging)
-            .await
-            .into_iter()
-            .filter(|(text, _)| text.trim() != USERS_AHEAD_OF_THEIR_ROWS)
-            .collect();
-        assert!(
-            levelled.iter().any(|(text, _)| text.contains("LIMIT 16")),
-            "no plan of a claim levelling the lagging rows at the head ({mode})"
-        );
-        plans.extend(levelled);
+        let what = format!("a claim levelling the lagging rows at the head ({mode})");
+        let setup = USERS_AHEAD_OF_THEIR_ROWS;
+        plans.extend(claim_plans_after(&db, &mut notices, setup, "LIMIT 16", &what).await);
         let claims_then_endings = format!("{}; {}", claims("pod-0"), finish_running(false));
         let endings = nested_plans(&db, &mut notices, &claims_then_endings).await;
         assert!(
