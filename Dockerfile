@@ -15,6 +15,7 @@ COPY crates/fairway-broker/Cargo.toml crates/fairway-broker/
 COPY crates/fairway-chaos/Cargo.toml crates/fairway-chaos/
 COPY crates/fairway-client/Cargo.toml crates/fairway-client/
 COPY crates/fairway-devdb/Cargo.toml crates/fairway-devdb/
+COPY crates/fairway-pg/Cargo.toml crates/fairway-pg/
 COPY crates/fairway-server/Cargo.toml crates/fairway-server/
 # One stub per crate and per target Cargo.toml names (tests/api/deploy.rs checks that none is
 # missing).

@@ -135,10 +135,13 @@ async fn serve(command: ServeCommand) -> Result<(), String> {
         .await
         .map_err(|error| error.to_string())?;
     let served = async {
+        // Where it tried, and with which TLS settings, beside why it failed.
+        let target = database.to_string();
         let app = Application::build_on(listener, &args, database)
             .await
-            .map_err(|error| error.to_string())?;
-        let base = format!("http://{}", args.bind);
+            .map_err(|error| format!("{error} (database: {target})"))?;
+        let scheme = if args.tls.tls_cert.is_some() { "https" } else { "http" };
+        let base = format!("{scheme}://{}", args.bind);
         tracing::info!(
             address = %args.bind,
             "fairway is serving: the dashboard at {base}/ui/, the API's docs at {base}/docs/"

@@ -194,10 +194,8 @@ async fn work_in_several_services_keeps_the_counters_exact_and_writes_are_counte
 
 /// A connection to the database `fairway bench` measures in.
 async fn bench_database() -> tokio_postgres::Client {
-    let mut config: tokio_postgres::Config =
-        server_url().await.parse().expect("DATABASE_URL parses");
-    config.dbname("fairway_bench");
-    connect(&config).await
+    let server = fairway_pg::Database::parse(&server_url().await).expect("DATABASE_URL parses");
+    connect(&server.with_dbname("fairway_bench")).await
 }
 
 /// A recount of the database the last run left finds nothing to mend.

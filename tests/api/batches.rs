@@ -238,8 +238,7 @@ async fn a_batch_tells_deferred_endings_from_applied_and_refused_ones() {
 
 /// A connection whose open transaction holds `user`'s users row until it commits.
 async fn hold_users_row(app: &TestApp, user: &str) -> tokio_postgres::Client {
-    let (holder, connection) =
-        app.config.connect(tokio_postgres::NoTls).await.expect("a second connection");
+    let (holder, connection) = app.config.connect().await.expect("a second connection");
     tokio::spawn(connection);
     holder.batch_execute("BEGIN").await.expect("begin");
     holder

@@ -126,7 +126,8 @@ async fn each_overlay_validates_and_names_what_the_broker_reads_serves_and_expor
         let pod = &deployment["spec"]["template"]["spec"];
         let container = &pod["containers"][0];
 
-        // Every variable the broker is given is one it reads.
+        // Every variable the broker is given is one it reads, or one that another's value expands
+        // (`$(NAME)`, which Kubernetes substitutes).
         let mut given: Vec<String> = container["env"]
             .as_array()
             .into_iter()
@@ -140,8 +141,18 @@ async fn each_overlay_validates_and_names_what_the_broker_reads_serves_and_expor
             given.extend(map["data"].as_object().expect("data").keys().cloned());
             config = Some(map);
         }
+        let values: Vec<&str> = container["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["value"].as_str())
+            .collect();
         for name in &given {
-            assert!(env_vars.contains(name), "{overlay}: {name} is not in `fairway serve --help`");
+            let expanded = values.iter().any(|value| value.contains(&format!("$({name})")));
+            assert!(
+                env_vars.contains(name) || expanded,
+                "{overlay}: {name} is not in `fairway serve --help`"
+            );
         }
         let config = &config.expect("the broker's ConfigMap")["data"];
         assert_eq!(config["FAIRWAY_LOG_FORMAT"], "json");
@@ -217,15 +228,57 @@ async fn each_overlay_validates_and_names_what_the_broker_reads_serves_and_expor
 
         let database = find(&objects, "Cluster", "fairway-db");
         assert_eq!(database["spec"]["instances"], instances, "{overlay}");
-        let secret = &container["env"][0]["valueFrom"]["secretKeyRef"];
+        // DATABASE_URL is the URL CloudNativePG writes for cluster fairway-db, given as
+        // DATABASE_APP_URI (Kubernetes expands only a variable defined before), with TLS
+        // verified against the cluster's CA appended.
+        let env = container["env"].as_array().expect("env");
+        let position = |name: &str| {
+            env.iter()
+                .position(|variable| variable["name"] == name)
+                .unwrap_or_else(|| panic!("{overlay}: the broker has no {name}"))
+        };
+        let (uri_at, url_at) = (position("DATABASE_APP_URI"), position("DATABASE_URL"));
+        assert!(uri_at < url_at, "{overlay}: DATABASE_URL expands DATABASE_APP_URI, defined after");
+        let secret = &env[uri_at]["valueFrom"]["secretKeyRef"];
         assert_eq!(
-            (container["env"][0]["name"].as_str(), secret["name"].as_str()),
-            (Some("DATABASE_URL"), Some("fairway-db-app")),
+            secret["name"], "fairway-db-app",
             "the broker reads the URL CloudNativePG writes for cluster fairway-db"
         );
         // The app Secret's `uri` names the read-write Service, fairway-db-rw, which follows
         // the primary through a failover; a broker on a replica would only answer 503.
         assert_eq!(secret["key"], "uri", "{overlay}: the URL through fairway-db-rw");
+        let url = env[url_at]["value"].as_str().expect("DATABASE_URL's value");
+        let (base, query) = url.split_once('?').expect("DATABASE_URL's query string");
+        assert_eq!(base, "$(DATABASE_APP_URI)", "{overlay}: {url}");
+        let param =
+            |key: &str| query.split('&').find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='));
+        assert_eq!(param("sslmode"), Some("verify-full"), "{overlay}: {url}");
+        // sslrootcert is a file in a volume the broker mounts: the ca.crt of the CA CloudNativePG
+        // made for fairway-db, and nothing else of that Secret (it holds the CA's key too).
+        let root = param("sslrootcert").unwrap_or_else(|| panic!("{overlay}: no sslrootcert"));
+        let (mount, file) = container["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find_map(|mount| {
+                let dir = mount["mountPath"].as_str()?.trim_end_matches('/');
+                Some((mount, root.strip_prefix(dir)?.strip_prefix('/')?))
+            })
+            .unwrap_or_else(|| panic!("{overlay}: {root} is in no volume the broker mounts"));
+        assert_eq!(mount["readOnly"], true, "{overlay}");
+        let volume = pod["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|volume| volume["name"] == mount["name"])
+            .unwrap_or_else(|| panic!("{overlay}: no volume {}", mount["name"]));
+        assert_eq!(volume["secret"]["secretName"], "fairway-db-ca", "{overlay}");
+        let items = volume["secret"]["items"].as_array().expect("items: ca.crt alone");
+        assert!(
+            items.iter().all(|item| item["key"] == "ca.crt")
+                && items.iter().any(|item| item["path"] == file),
+            "{overlay}: {root} is not fairway-db-ca's ca.crt alone"
+        );
         assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz", "{overlay}");
 
         // Bound to 0.0.0.0, the broker needs auth: its admin token comes from a Secret, as the

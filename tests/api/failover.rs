@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use fairway_devdb::EmbeddedPostgres;
+use fairway_pg::Database;
 use fairway_server::config::ServeArgs;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -21,8 +22,8 @@ async fn a_broker_on_a_standby_is_unready_refuses_writes_with_503_and_follows_it
         .expect("start the primary")
         .ephemeral();
     primary.create_database_if_missing("fairway").await.expect("create the database");
-    let primary_config: tokio_postgres::Config =
-        primary.connection_string("fairway").parse().expect("a connection string");
+    let primary_config =
+        Database::parse(&primary.connection_string("fairway")).expect("a connection string");
     let on_primary = spawn_broker(ServeArgs::for_tests(), primary_config).await;
     let job = on_primary.submit_simple("alice", "svc", 2, true).await;
 
@@ -30,8 +31,8 @@ async fn a_broker_on_a_standby_is_unready_refuses_writes_with_503_and_follows_it
         .await
         .expect("make and start the standby")
         .ephemeral();
-    let standby_config: tokio_postgres::Config =
-        standby.connection_string("fairway").parse().expect("a connection string");
+    let standby_config =
+        Database::parse(&standby.connection_string("fairway")).expect("a connection string");
     let db = connect(&standby_config).await;
     let in_recovery: bool =
         db.query_one("SELECT pg_is_in_recovery()", &[]).await.expect("ask").get(0);

@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
+use fairway_pg::Database;
 use fairway_server::config::{AuthArgs, ServeArgs};
 use fairway_server::startup::Application;
 use reqwest::{Response, StatusCode};
 use serde_json::{json, Value};
 use tokio::sync::OnceCell;
-use tokio_postgres::NoTls;
 use uuid::Uuid;
 
 /// The migrated database every test database is cloned from; set up once per process.
@@ -58,19 +58,17 @@ mod containers {
     }
 }
 
-fn with_dbname(url: &str, dbname: &str) -> tokio_postgres::Config {
-    let mut config: tokio_postgres::Config = url.parse().expect("DATABASE_URL parses");
-    config.dbname(dbname);
-    config
+fn database(url: &str) -> Database {
+    Database::parse(url).expect("DATABASE_URL parses")
 }
 
 /// A connection to the server's own database, for what the tests do to whole databases.
 pub async fn server_connection() -> tokio_postgres::Client {
-    connect(&server_url().await.parse().expect("DATABASE_URL parses")).await
+    connect(&database(&server_url().await)).await
 }
 
-pub async fn connect(config: &tokio_postgres::Config) -> tokio_postgres::Client {
-    let (client, connection) = config.connect(NoTls).await.expect("connect to PostgreSQL");
+pub async fn connect(database: &Database) -> tokio_postgres::Client {
+    let (client, connection) = database.connect().await.expect("connect to PostgreSQL");
     tokio::spawn(connection);
     client
 }
@@ -84,7 +82,7 @@ async fn template(url: &str) -> &'static str {
     TEMPLATE
         .get_or_init(|| async {
             let name = template_name();
-            let admin = connect(&url.parse().expect("DATABASE_URL parses")).await;
+            let admin = connect(&database(url)).await;
             admin.execute("SELECT pg_advisory_lock($1)", &[&TEMPLATE_LOCK]).await.expect("lock");
             let exists = admin
                 .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
@@ -96,8 +94,8 @@ async fn template(url: &str) -> &'static str {
                     .batch_execute(&format!("CREATE DATABASE \"{name}\""))
                     .await
                     .expect("create template");
-                let pool =
-                    fairway_broker::db::pool::connect(with_dbname(url, &name), 1).expect("pool");
+                let pool = fairway_broker::db::pool::connect(&database(url).with_dbname(&name), 1)
+                    .expect("pool");
                 fairway_broker::db::migrations::run(&pool).await.expect("migrate template");
                 pool.close();
             }
@@ -111,25 +109,25 @@ async fn template(url: &str) -> &'static str {
 }
 
 /// Creates a fresh, migrated database and returns its connection config.
-pub async fn fresh_database() -> tokio_postgres::Config {
+pub async fn fresh_database() -> Database {
     let url = server_url().await;
     let template = template(&url).await;
     create_database(&url, &format!("TEMPLATE \"{template}\"")).await
 }
 
 /// Creates a database with no schema at all and returns its connection config.
-pub async fn empty_database() -> tokio_postgres::Config {
+pub async fn empty_database() -> Database {
     create_database(&server_url().await, "").await
 }
 
-async fn create_database(url: &str, options: &str) -> tokio_postgres::Config {
+async fn create_database(url: &str, options: &str) -> Database {
     let name = format!("fairway_test_{}", Uuid::new_v4().simple());
-    let admin = connect(&url.parse().expect("DATABASE_URL parses")).await;
+    let admin = connect(&database(url)).await;
     admin
         .batch_execute(&format!("CREATE DATABASE \"{name}\" {options}"))
         .await
         .expect("create test database");
-    with_dbname(url, &name)
+    database(url).with_dbname(&name)
 }
 
 /// The bootstrap admin token (FAIRWAY_ADMIN_TOKEN) of brokers spawned with auth.
@@ -161,7 +159,7 @@ pub struct TestApp {
     pub broker: fairway_broker::Broker,
     pub http: reqwest::Client,
     pub db: tokio_postgres::Client,
-    pub config: tokio_postgres::Config,
+    pub config: Database,
 }
 
 pub async fn spawn_app() -> TestApp {
@@ -174,14 +172,21 @@ pub async fn spawn_app_with(args: ServeArgs) -> TestApp {
 }
 
 /// Starts one more broker on an existing database, as a second broker process would.
-pub async fn spawn_broker(args: ServeArgs, config: tokio_postgres::Config) -> TestApp {
+pub async fn spawn_broker(args: ServeArgs, config: Database) -> TestApp {
+    spawn_broker_for(args, config, reqwest::Client::new()).await
+}
+
+/// As [`spawn_broker`], with the helpers' requests sent by `http`: over HTTPS when `args`
+/// name a certificate, by a client that trusts its CA.
+pub async fn spawn_broker_for(args: ServeArgs, config: Database, http: reqwest::Client) -> TestApp {
     let app = Application::build(&args, config.clone()).await.expect("build the broker");
-    let address = format!("http://127.0.0.1:{}", app.port());
+    let scheme = if args.tls.tls_cert.is_some() { "https" } else { "http" };
+    let address = format!("{scheme}://127.0.0.1:{}", app.port());
     let broker = app.broker().clone();
     tokio::spawn(app.run_until_stopped());
     let db = connect(&config).await;
     let token = args.auth.admin_token.clone();
-    TestApp { address, token, broker, http: reqwest::Client::new(), db, config }
+    TestApp { address, token, broker, http, db, config }
 }
 
 impl TestApp {

@@ -158,7 +158,7 @@ async fn a_lost_database_gets_503_and_the_broker_recovers() {
     let app = spawn_app().await;
     let job = app.submit_simple("alice", "svc", 1, true).await;
     let admin = crate::helpers::server_connection().await;
-    let dbname = app.config.get_dbname().expect("test database name").to_owned();
+    let dbname = app.config.config().get_dbname().expect("test database name").to_owned();
     let set_connections =
         |allowed: bool| format!("ALTER DATABASE \"{dbname}\" ALLOW_CONNECTIONS {allowed}");
     admin.batch_execute(&set_connections(false)).await.expect("close the database");

@@ -29,6 +29,7 @@ mod schema;
 mod shutdown;
 mod strategies;
 mod tenants;
+mod tls;
 mod traces;
 mod validation;
 mod workflow;

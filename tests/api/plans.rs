@@ -199,7 +199,7 @@ const AUTO_EXPLAIN: &str = "LOAD 'auto_explain';
 async fn connect_with_notices(
 ) -> (tokio_postgres::Client, tokio::sync::mpsc::UnboundedReceiver<String>) {
     let config = fresh_database().await;
-    let (db, mut connection) = config.connect(tokio_postgres::NoTls).await.expect("connect");
+    let (db, mut connection) = config.connect().await.expect("connect");
     let (notice_sender, notices) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));

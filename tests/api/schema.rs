@@ -3,12 +3,13 @@
 
 use fairway_broker::db::functions::{self, FILES, REVISION};
 use fairway_broker::db::{migrations, pool, DbError};
+use fairway_pg::Database;
 
 use crate::helpers::{connect, empty_database, fresh_database, spawn_app};
 
 /// Installs the schema on the database `config` names, as a starting broker does.
-async fn install(config: &tokio_postgres::Config) -> Result<(), DbError> {
-    let pool = pool::connect(config.clone(), 1).expect("pool");
+async fn install(database: &Database) -> Result<(), DbError> {
+    let pool = pool::connect(database, 1).expect("pool");
     let outcome = migrations::run(&pool).await;
     pool.close();
     outcome

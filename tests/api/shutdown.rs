@@ -2,6 +2,7 @@
 //! out work at once, answers everything it took on, loses no report, and exits within
 //! --shutdown-timeout; its logs are JSON lines a collector can read.
 
+use fairway_pg::Database;
 use fairway_server::config::ServeArgs;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -22,7 +23,8 @@ const WORKERS: usize = 12;
 const IDLE_POLLS: usize = 3;
 
 /// A connection string for `config`, as the broker process reads DATABASE_URL.
-fn connection_string(config: &tokio_postgres::Config) -> String {
+fn connection_string(database: &Database) -> String {
+    let config = database.config();
     let mut parts = Vec::new();
     match config.get_hosts().first() {
         Some(Host::Tcp(host)) => parts.push(format!("host={host}")),
@@ -51,13 +53,13 @@ fn free_port() -> u16 {
 }
 
 /// `fairway serve` as a process of its own, as a cluster runs it.
-async fn broker_process(config: &tokio_postgres::Config, stdout: Stdio) -> (Child, String) {
+async fn broker_process(config: &Database, stdout: Stdio) -> (Child, String) {
     broker_process_with(config, stdout, &[]).await
 }
 
 /// As [`broker_process`], with more environment variables (the traces test uses it too).
 pub(crate) async fn broker_process_with(
-    config: &tokio_postgres::Config,
+    config: &Database,
     stdout: Stdio,
     env: &[(&str, &str)],
 ) -> (Child, String) {

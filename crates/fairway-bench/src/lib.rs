@@ -24,6 +24,7 @@ use fairway_broker::db::{self, DbError};
 use fairway_broker::{BrokerError, WorkSignals};
 use fairway_devdb::DevDbError;
 use fairway_devdb::EmbeddedError;
+use fairway_pg::Database;
 use fairway_server::config::{AuthArgs, PoolArgs, ServeArgs};
 use fairway_server::startup::{self, Application, StartupError};
 use paths::{FifoStatements, Runner};
@@ -85,10 +86,7 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
     Ok(())
 }
 
-async fn run_matrix(
-    args: &BenchArgs,
-    admin_config: &tokio_postgres::Config,
-) -> Result<Report, BenchError> {
+async fn run_matrix(args: &BenchArgs, admin_config: &Database) -> Result<Report, BenchError> {
     let mut runs = Vec::new();
     let mut postgres = String::new();
     let partitions = seed::Partitions {
@@ -200,14 +198,14 @@ type Leg = (BenchPath, usize);
 /// them. Notes the server's version in `postgres`.
 async fn run_point(
     args: &BenchArgs,
-    admin_config: &tokio_postgres::Config,
+    admin_config: &Database,
     point: Point,
     legs: &[Leg],
     postgres: &mut String,
 ) -> Result<Vec<Run>, BenchError> {
     let Point { users, backlog, partitions } = point;
     let config = fresh_database(admin_config).await?;
-    let pool = db::pool::connect(config.clone(), pool_size(args))?;
+    let pool = db::pool::connect(&config, pool_size(args))?;
     db::migrations::run(&pool).await?;
     *postgres = pool.get().await?.query_one("SHOW server_version", &[]).await?.try_get(0)?;
     eprintln!(
@@ -237,9 +235,7 @@ async fn run_point(
 }
 
 /// Drops and recreates the benchmark database; returns its connection config.
-async fn fresh_database(
-    admin: &tokio_postgres::Config,
-) -> Result<tokio_postgres::Config, BenchError> {
+async fn fresh_database(admin: &Database) -> Result<Database, BenchError> {
     Ok(fairway_devdb::recreate_database(admin, DATABASE).await?)
 }
 
@@ -269,7 +265,7 @@ async fn run_path(
     args: &BenchArgs,
     (path, max): Leg,
     pool: &deadpool_postgres::Pool,
-    config: &tokio_postgres::Config,
+    config: &Database,
     seeded: Arc<seed::Seeded>,
     point: Point,
 ) -> Result<Run, BenchError> {
@@ -337,10 +333,12 @@ async fn run_path(
                 // the broker's claim and endings: planned afresh per batch, they would pay for
                 // planning that `fair` does not.
                 let mut planned_once = config.clone();
-                let options = planned_once.get_options().unwrap_or_default();
-                planned_once.options(format!("{options} -c plan_cache_mode=force_generic_plan"));
+                let options = planned_once.config().get_options().unwrap_or_default().to_owned();
+                planned_once
+                    .config_mut()
+                    .options(format!("{options} -c plan_cache_mode=force_generic_plan"));
                 Runner::FifoBatched {
-                    pool: db::pool::connect(planned_once, pool_size(args))?,
+                    pool: db::pool::connect(&planned_once, pool_size(args))?,
                     statements,
                     claims: Batches::new(lanes, most),
                     completions: Batches::new(lanes, most),
@@ -476,10 +474,7 @@ fn path_name(path: BenchPath) -> String {
 }
 
 /// The wake-up paths, `wakeup` and `job_wakeup`, on one broker of their own.
-async fn run_wakeups(
-    args: &BenchArgs,
-    admin: &tokio_postgres::Config,
-) -> Result<Vec<Run>, BenchError> {
+async fn run_wakeups(args: &BenchArgs, admin: &Database) -> Result<Vec<Run>, BenchError> {
     let config = fresh_database(admin).await?;
     let app = Application::build(&serve_args(args), config).await?;
     let base = format!("http://127.0.0.1:{}", app.port());

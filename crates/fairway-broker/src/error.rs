@@ -62,7 +62,7 @@ pub enum BrokerError {
     Metrics(String),
 
     /// PostgreSQL answered with an error this code did not expect.
-    #[error("database error: {}", describe(.0))]
+    #[error("database error: {}", fairway_pg::describe(.0))]
     Database(#[source] tokio_postgres::Error),
 }
 
@@ -115,7 +115,7 @@ impl BrokerError {
 impl From<tokio_postgres::Error> for BrokerError {
     fn from(error: tokio_postgres::Error) -> Self {
         if is_unavailable(&error) {
-            Self::Unavailable(describe(&error))
+            Self::Unavailable(fairway_pg::describe(&error))
         } else {
             Self::Database(error)
         }
@@ -127,8 +127,10 @@ impl From<deadpool_postgres::PoolError> for BrokerError {
         match error {
             // Whatever stopped a connection from being made or reused, the database is not
             // there for this request.
-            deadpool_postgres::PoolError::Backend(error) => Self::Unavailable(describe(&error)),
-            other => Self::Unavailable(other.to_string()),
+            deadpool_postgres::PoolError::Backend(error) => {
+                Self::Unavailable(fairway_pg::describe(&error))
+            }
+            other => Self::Unavailable(fairway_pg::describe(&other)),
         }
     }
 }
@@ -153,13 +155,5 @@ fn is_unavailable(error: &tokio_postgres::Error) -> bool {
             code.starts_with("08")
                 || matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "55000" | "25006")
         }
-    }
-}
-
-/// The server's own words for a statement error (tokio-postgres's Display says only "db error").
-fn describe(error: &tokio_postgres::Error) -> String {
-    match error.as_db_error() {
-        Some(db) => format!("{} ({}): {}", db.severity(), db.code().code(), db.message()),
-        None => error.to_string(),
     }
 }

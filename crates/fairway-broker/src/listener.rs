@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use fairway_pg::Database;
 use futures_util::future;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 
 use crate::db::sql::{ServerState, Statement};
 use crate::WorkSignals;
@@ -24,11 +25,11 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// and `target_session_attrs=read-write`, the primary after a failover). After every
 /// (re)connect all waiters are woken, since notifications sent while disconnected are lost.
 /// It logs once per change: connected to which host, or lost, not at every failed attempt.
-pub async fn listen_for_work(config: tokio_postgres::Config, signals: WorkSignals) {
+pub async fn listen_for_work(database: Database, signals: WorkSignals) {
     let mut backoff = Duration::from_millis(100);
     let mut lost_logged = false;
     loop {
-        let outcome = listen_once(&config, &signals).await;
+        let outcome = listen_once(&database, &signals).await;
         if outcome.connected {
             // A connection that was up starts the next round of attempts from the shortest
             // pause, so that a failover long after the last one is followed at once.
@@ -56,24 +57,22 @@ struct Outcome {
     error: Option<String>,
 }
 
-async fn listen_once(config: &tokio_postgres::Config, signals: &WorkSignals) -> Outcome {
+async fn listen_once(database: &Database, signals: &WorkSignals) -> Outcome {
     let mut connected = false;
-    let error = listen(config, signals, &mut connected).await.err().map(|error| {
-        // A standby refuses LISTEN: say so rather than relay only the SQLSTATE.
-        match error.as_db_error() {
-            Some(db) => format!("{} ({})", db.message(), db.code().code()),
-            None => error.to_string(),
-        }
-    });
+    // The whole chain: a standby refusing LISTEN, or a certificate the connection distrusts.
+    let error = listen(database, signals, &mut connected)
+        .await
+        .err()
+        .map(|error| fairway_pg::describe(&error));
     Outcome { connected, error }
 }
 
 async fn listen(
-    config: &tokio_postgres::Config,
+    database: &Database,
     signals: &WorkSignals,
     connected: &mut bool,
 ) -> Result<(), tokio_postgres::Error> {
-    let (client, mut connection) = config.connect(NoTls).await?;
+    let (client, mut connection) = database.connect().await?;
     let (sender, mut messages) = tokio::sync::mpsc::unbounded_channel();
     // The connection must be polled for the LISTEN below to complete, so drive it first.
     let driver = tokio::spawn(async move {

@@ -74,7 +74,7 @@ impl Refusal {
             ClientError::Api { status, .. } | ClientError::Unexpected { status, .. } => {
                 status.as_u16()
             }
-            ClientError::Transport(_) => 0,
+            ClientError::Transport(_) | ClientError::CaCert { .. } => 0,
         };
         Self { op: op.to_owned(), status, repeat, at_ms: now_ms(), message: error.to_string() }
     }

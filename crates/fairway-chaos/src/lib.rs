@@ -435,7 +435,7 @@ async fn suite(
     };
     let mut brokers = Brokers::start(args, server, broker_url, &[]).await?;
     // The suite's own reads follow the primary too, to check the promoted database.
-    let pool = db::pool::connect(fairway_devdb::parse_config(&failover_url)?, 2)?;
+    let pool = db::pool::connect(&fairway_devdb::parse_config(&failover_url)?, 2)?;
     let load = Load::new(brokers.clients.clone());
     let mut drive = Drive::start(&brokers, args, DIE_PER_MILLE)?;
     let producers = load.start(PACE);

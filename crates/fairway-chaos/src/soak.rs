@@ -84,7 +84,7 @@ pub async fn run(args: &ChaosArgs, server: &EmbeddedPostgres) -> Result<(), Chao
     let mut brokers =
         Brokers::start(args, server, server.connection_string(DATABASE), &extra).await?;
     let config = fairway_devdb::parse_config(&server.connection_string(DATABASE))?;
-    let pool = db::pool::connect(config, 2)?;
+    let pool = db::pool::connect(&config, 2)?;
     let load = Load::new(brokers.clients.clone());
     let drive = Drive::start(&brokers, args, 0)?;
     let producers = load.start(SOAK_PACE);

@@ -17,6 +17,11 @@ pub struct BrokerAddress {
     /// Bearer token sent with every request.
     #[arg(long, env = "FAIRWAY_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+
+    /// A PEM file of CA certificates to trust, beside the system's, for an https:// broker
+    /// whose certificate a private CA signed.
+    #[arg(long, env = "FAIRWAY_CA_CERT", value_name = "PATH")]
+    pub ca_cert: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -5,6 +5,7 @@
 pub mod args;
 pub mod cli;
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
@@ -31,6 +32,9 @@ pub enum ClientError {
     /// The broker answered something that is not the documented document.
     #[error("unexpected answer from the broker ({status}): {body}")]
     Unexpected { status: StatusCode, body: String },
+    /// The CA certificates to trust could not be read.
+    #[error("cannot use --ca-cert {}: {reason}", path.display())]
+    CaCert { path: PathBuf, reason: String },
 }
 
 /// A transport error in words that say what to check: reqwest's own ("error sending request
@@ -43,15 +47,16 @@ fn transport_message(error: &reqwest::Error) -> String {
         base.as_str().trim_end_matches('/').to_owned()
     });
     let url = url.as_deref().unwrap_or("the broker's URL");
-    let mut causes = Vec::new();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        causes.push(cause.to_string());
-        source = cause.source();
-    }
+    let causes = causes(error);
     let innermost = causes.last().cloned().unwrap_or_default();
     if error.is_connect() && innermost.contains("Connection refused") {
         return format!("connection refused: is a broker running at {url}? (--url, FAIRWAY_URL)");
+    }
+    if is_untrusted_certificate(error) {
+        return format!(
+            "the certificate of {url} is not trusted ({innermost}): trust the CA that signed \
+             it with --ca-cert or FAIRWAY_CA_CERT"
+        );
     }
     if error.is_connect() {
         return format!("cannot connect to {url}: {innermost} (--url, FAIRWAY_URL)");
@@ -62,13 +67,35 @@ fn transport_message(error: &reqwest::Error) -> String {
     std::iter::once(error.to_string()).chain(causes).collect::<Vec<_>>().join(": ")
 }
 
+fn causes(error: &reqwest::Error) -> Vec<String> {
+    let mut causes = Vec::new();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        causes.push(cause.to_string());
+        source = cause.source();
+    }
+    causes
+}
+
+/// Whether the TLS handshake refused the broker's certificate: no retry will change that.
+fn is_untrusted_certificate(error: &reqwest::Error) -> bool {
+    error.is_connect() && causes(error).iter().any(|cause| cause.contains("certificate"))
+}
+
 impl ClientError {
     /// Whether asking again later may succeed: the broker or its database was unavailable.
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Api { status, .. } | Self::Unexpected { status, .. } => status.is_server_error(),
-            Self::Transport(_) => true,
+            Self::Transport(_) => !self.is_untrusted_certificate(),
+            Self::CaCert { .. } => false,
         }
+    }
+
+    /// Whether the broker's certificate was refused: asking again cannot help until the
+    /// client is told which CA to trust.
+    pub fn is_untrusted_certificate(&self) -> bool {
+        matches!(self, Self::Transport(error) if is_untrusted_certificate(error))
     }
 }
 
@@ -255,10 +282,31 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(75);
 
 impl Client {
     /// A client of the broker at `base` (for example `http://127.0.0.1:8080`), sending `token`
-    /// as a bearer token when given.
+    /// as a bearer token when given. An `https://` broker's certificate must chain to one of
+    /// the system's trusted roots.
     pub fn new(base: &str, token: Option<String>) -> Result<Self, ClientError> {
-        let http = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).build()?;
-        Ok(Self { base: base.trim_end_matches('/').to_owned(), token, http })
+        Self::trusting(base, token, None)
+    }
+
+    /// As [`Client::new`], trusting also the CA certificates in the PEM file `ca_cert`: a
+    /// broker whose certificate a private CA signed.
+    pub fn trusting(
+        base: &str,
+        token: Option<String>,
+        ca_cert: Option<&Path>,
+    ) -> Result<Self, ClientError> {
+        let mut builder = reqwest::Client::builder().timeout(REQUEST_TIMEOUT);
+        if let Some(path) = ca_cert {
+            let unusable = |reason: String| ClientError::CaCert { path: path.to_owned(), reason };
+            let pem = std::fs::read(path).map_err(|error| unusable(error.to_string()))?;
+            let roots = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|error| unusable(error.to_string()))?;
+            if roots.is_empty() {
+                return Err(unusable("it holds no PEM certificate".to_owned()));
+            }
+            builder = roots.into_iter().fold(builder, reqwest::ClientBuilder::add_root_certificate);
+        }
+        Ok(Self { base: base.trim_end_matches('/').to_owned(), token, http: builder.build()? })
     }
 
     fn request(&self, method: Method, path: &str) -> RequestBuilder {

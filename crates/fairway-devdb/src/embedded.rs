@@ -125,7 +125,10 @@ pub enum EmbeddedError {
     )]
     Stop { data_dir: PathBuf, status: String, output: String, log: PathBuf, log_tail: String },
 
-    #[error("cannot connect to the private PostgreSQL server ({connection}): {source}")]
+    #[error(
+        "cannot connect to the private PostgreSQL server ({connection}): {}",
+        fairway_pg::describe(source)
+    )]
     Connect {
         connection: String,
         #[source]
@@ -135,7 +138,7 @@ pub enum EmbeddedError {
     #[error("timed out connecting to the private PostgreSQL server ({connection})")]
     ConnectTimeout { connection: String },
 
-    #[error("cannot create database {name:?}: {source}")]
+    #[error("cannot create database {name:?}: {}", fairway_pg::describe(source))]
     CreateDatabase {
         name: String,
         #[source]

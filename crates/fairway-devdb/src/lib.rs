@@ -4,8 +4,7 @@
 mod args;
 mod embedded;
 
-use std::str::FromStr;
-
+use fairway_pg::{ConnectionStringError, Database};
 use thiserror::Error;
 
 pub use args::{DatabaseArgs, PostgresArgs};
@@ -14,7 +13,7 @@ pub use embedded::{run_command_with_postgres, EmbeddedError, EmbeddedPostgres};
 #[derive(Debug, Error)]
 pub enum DevDbError {
     #[error("invalid database URL: {0}")]
-    InvalidUrl(#[source] tokio_postgres::Error),
+    InvalidUrl(#[from] ConnectionStringError),
     #[error(
         "DATABASE_URL is required: this broker starts no PostgreSQL of its own \
          (FAIRWAY_NO_EMBEDDED_POSTGRES is set, as in the container image). Set DATABASE_URL (or \
@@ -32,26 +31,24 @@ impl From<EmbeddedError> for DevDbError {
     }
 }
 
-/// Parses a connection string, URL or key=value form.
-pub fn parse_config(connection_string: &str) -> Result<tokio_postgres::Config, DevDbError> {
-    tokio_postgres::Config::from_str(connection_string).map_err(DevDbError::InvalidUrl)
+/// Parses a connection string, URL or key=value form, TLS settings included.
+pub fn parse_config(connection_string: &str) -> Result<Database, DevDbError> {
+    Ok(Database::parse(connection_string)?)
 }
 
 /// Drops the database `name` (a plain identifier), disconnecting its sessions, and creates it
-/// afresh; returns its connection config, `admin`'s with the database changed.
+/// afresh; returns `admin` with the database changed.
 pub async fn recreate_database(
-    admin: &tokio_postgres::Config,
+    admin: &Database,
     name: &str,
-) -> Result<tokio_postgres::Config, tokio_postgres::Error> {
-    let (client, connection) = admin.connect(tokio_postgres::NoTls).await?;
+) -> Result<Database, tokio_postgres::Error> {
+    let (client, connection) = admin.connect().await?;
     let driver = tokio::spawn(connection);
     client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await?;
     client.batch_execute(&format!("CREATE DATABASE {name}")).await?;
     drop(client);
     let _ = driver.await;
-    let mut config = admin.clone();
-    config.dbname(name);
-    Ok(config)
+    Ok(admin.with_dbname(name))
 }
 
 /// The database the settings name: `--database-url` if given, else database `dbname` on the
@@ -59,7 +56,7 @@ pub async fn recreate_database(
 pub async fn connect_or_start(
     args: &DatabaseArgs,
     dbname: &str,
-) -> Result<(tokio_postgres::Config, Option<EmbeddedPostgres>), DevDbError> {
+) -> Result<(Database, Option<EmbeddedPostgres>), DevDbError> {
     if let Some(url) = &args.url {
         return Ok((parse_config(url)?, None));
     }

@@ -1,6 +1,7 @@
 //! The flags of `fairway serve`: every knob of a running broker, with its environment variable.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
@@ -83,6 +84,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub traces: TraceArgs,
+
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 impl ServeArgs {
@@ -117,6 +121,7 @@ impl ServeArgs {
             },
             auth: AuthArgs::default(),
             traces: TraceArgs::default(),
+            tls: TlsArgs::default(),
         }
     }
 }
@@ -225,6 +230,25 @@ pub struct TraceArgs {
     /// milliseconds (default 5000).
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL", value_parser = otlp_endpoint)]
     pub otlp_endpoint: Option<String>,
+
+    /// A PEM file of CA certificates to trust, beside the system's, when --otlp-endpoint is an
+    /// https:// URL signed by a private CA.
+    #[arg(long = "ca-cert", env = "FAIRWAY_CA_CERT", value_name = "PATH")]
+    pub otlp_ca_cert: Option<PathBuf>,
+}
+
+/// HTTPS: the broker serves plain HTTP unless given a certificate and its key.
+#[derive(Debug, Clone, Default, Args)]
+pub struct TlsArgs {
+    /// Serve HTTPS with this PEM certificate chain (the server's certificate first). It is read
+    /// again on SIGHUP, and within 10 s of the file changing, so a rotated certificate needs no
+    /// restart. Needs --tls-key.
+    #[arg(long, env = "FAIRWAY_TLS_CERT", value_name = "PATH", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1), read again with it.
+    #[arg(long, env = "FAIRWAY_TLS_KEY", value_name = "PATH", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// An OTLP/HTTP base URL, without the trailing slash the signal's path is appended after.

@@ -11,6 +11,7 @@ mod producers;
 mod query;
 pub mod startup;
 pub mod telemetry;
+pub mod tls;
 mod tokens;
 mod ui;
 mod workers;

@@ -12,11 +12,13 @@ use tokio::task::JoinHandle;
 
 use crate::auth::AuthState;
 use crate::config::{PruneArgs, ServeArgs};
+use crate::tls::{ServerCertificate, TlsError};
 use crate::Traffic;
 use fairway_broker::auth::{self, Authenticator};
 use fairway_broker::db::{self, DbError};
 use fairway_broker::metrics::Metrics;
 use fairway_broker::{Broker, BrokerError, BrokerSettings, WorkSignals};
+use fairway_pg::Database;
 
 /// Expired leases examined per reaper pass.
 const REAP_BATCH: i64 = 500;
@@ -38,6 +40,8 @@ pub fn bind(args: &ServeArgs) -> Result<TcpListener, StartupError> {
 pub enum StartupError {
     #[error(transparent)]
     Database(#[from] DbError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     #[error("cannot set up the metrics: {0}")]
     Metrics(String),
     #[error("cannot listen on {address}: {source}{}", bind_hint(source))]
@@ -81,11 +85,8 @@ pub struct Application {
 
 impl Application {
     /// Binds the HTTP listener, connects to the database and applies migrations.
-    pub async fn build(
-        args: &ServeArgs,
-        config: tokio_postgres::Config,
-    ) -> Result<Self, StartupError> {
-        Self::build_on(bind(args)?, args, config).await
+    pub async fn build(args: &ServeArgs, database: Database) -> Result<Self, StartupError> {
+        Self::build_on(bind(args)?, args, database).await
     }
 
     /// As [`Application::build`], on a listener already bound to `args.bind` (by [`bind`]),
@@ -93,16 +94,18 @@ impl Application {
     pub async fn build_on(
         listener: TcpListener,
         args: &ServeArgs,
-        config: tokio_postgres::Config,
+        database: Database,
     ) -> Result<Self, StartupError> {
-        let pool = db::pool::connect(config.clone(), args.pool.pool_size)?;
+        // The certificate first: a bad path is reported before anything touches the database.
+        let certificate = ServerCertificate::load(&args.tls)?;
+        let pool = db::pool::connect(&database, args.pool.pool_size)?;
         db::migrations::run(&pool).await?;
         let authenticator = authenticate(&pool, args).await?;
 
         let signals = WorkSignals::default();
         let broker = broker(pool, args, signals.clone())?;
         let mut background = maintain(&broker, args);
-        background.push(tokio::spawn(fairway_broker::listener::listen_for_work(config, signals)));
+        background.push(tokio::spawn(fairway_broker::listener::listen_for_work(database, signals)));
         background.push(tokio::spawn(refresh_auth(authenticator.clone())));
         background.push(tokio::spawn(watch_database(broker.clone())));
 
@@ -136,10 +139,17 @@ impl Application {
         // one (see Broker::release_unanswered). No HTTP client this broker serves half-closes
         // a connection to wait for an answer.
         .h1_allow_half_closed(false)
-        .shutdown_timeout(args.shutdown_timeout.as_secs())
-        .listen(listener)
-        .map_err(|source| StartupError::Bind { address: args.bind.to_string(), source })?
-        .run();
+        .shutdown_timeout(args.shutdown_timeout.as_secs());
+        let bound = match &certificate {
+            Some(certificate) => {
+                background.push(tokio::spawn(certificate.clone().watch()));
+                server.listen_rustls_0_23(listener, certificate.server_config()?)
+            }
+            None => server.listen(listener),
+        };
+        let server = bound
+            .map_err(|source| StartupError::Bind { address: args.bind.to_string(), source })?
+            .run();
         let shutdown_timeout = args.shutdown_timeout;
         Ok(Self { server, port, broker, traffic, shutdown_timeout, background })
     }

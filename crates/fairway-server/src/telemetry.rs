@@ -2,7 +2,10 @@
 //! OpenTelemetry traces over OTLP/HTTP with protobuf, when `--otlp-endpoint` names a receiver.
 
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{Protocol, SpanExporter, WithExportConfig};
+use std::path::Path;
+use std::time::Duration;
+
+use opentelemetry_otlp::{Protocol, SpanExporter, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
 use thiserror::Error;
@@ -13,6 +16,27 @@ use tracing_subscriber::Layer;
 
 use crate::config::TraceArgs;
 use fairway_broker::traces::TARGET;
+
+/// How long one export may take before it is given up.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The exporter's HTTP client, trusting the system's roots and those in `ca_cert`. It is built
+/// on a thread of its own: a blocking client must not be made on the async runtime's threads.
+fn http_client(ca_cert: Option<&Path>) -> Result<reqwest::blocking::Client, String> {
+    let mut builder = reqwest::blocking::Client::builder().timeout(EXPORT_TIMEOUT);
+    if let Some(path) = ca_cert {
+        let pem = std::fs::read(path)
+            .map_err(|error| format!("cannot read --ca-cert {}: {error}", path.display()))?;
+        let roots = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|error| format!("--ca-cert {} is not PEM: {error}", path.display()))?;
+        for root in roots {
+            builder = builder.add_root_certificate(root);
+        }
+    }
+    std::thread::spawn(move || builder.build().map_err(|error| error.to_string()))
+        .join()
+        .unwrap_or_else(|_| Err("building the HTTP client panicked".to_owned()))
+}
 
 /// The service name traces carry unless OTEL_SERVICE_NAME says another.
 const SERVICE_NAME: &str = "fairway";
@@ -37,15 +61,15 @@ impl Traces {
             return Ok(None);
         };
         let endpoint = format!("{base}/v1/traces");
+        let failed = |reason: String| TelemetryError { endpoint: endpoint.clone(), reason };
+        let http = http_client(args.otlp_ca_cert.as_deref()).map_err(failed)?;
         let exporter = SpanExporter::builder()
             .with_http()
+            .with_http_client(http)
             .with_protocol(Protocol::HttpBinary)
             .with_endpoint(&endpoint)
             .build()
-            .map_err(|error| TelemetryError {
-                endpoint: endpoint.clone(),
-                reason: error.to_string(),
-            })?;
+            .map_err(|error| failed(error.to_string()))?;
         let service_name =
             std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| SERVICE_NAME.to_owned());
         let provider = SdkTracerProvider::builder()

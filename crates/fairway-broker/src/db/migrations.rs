@@ -25,7 +25,8 @@ const HISTORY_TABLE: &str = "fairway_schema_history";
 /// broker then leaves the schema alone and starts anyway, unready until it reaches a primary,
 /// rather than exit and be restarted over and over while a failover runs.
 pub async fn run(pool: &Pool) -> Result<(), DbError> {
-    let mut client = pool.get().await.map_err(|error| DbError::Pool(error.to_string()))?;
+    let mut client =
+        pool.get().await.map_err(|error| DbError::Pool(fairway_pg::describe(&error)))?;
     let state = super::sql::fetch_one(&client, &super::sql::ServerState {}).await?;
     if state.in_recovery {
         tracing::warn!(
@@ -49,7 +50,7 @@ async fn migrate(client: &mut tokio_postgres::Client) -> Result<(), DbError> {
         .set_migration_table_name(HISTORY_TABLE)
         .run_async(client)
         .await
-        .map_err(|error| DbError::Migration(error.to_string()))?;
+        .map_err(|error| DbError::Migration(fairway_pg::describe(&error)))?;
     for migration in report.applied_migrations() {
         tracing::info!(migration = %migration, "applied migration");
     }

@@ -42,8 +42,8 @@ pub enum DbError {
          sql/functions/ without raising the revision (crates/fairway-broker/src/db/functions.rs)"
     )]
     FunctionsDiffer { revision: i32 },
-    #[error("installing sql/functions/{name}.sql failed: {source}")]
+    #[error("installing sql/functions/{name}.sql failed: {}", fairway_pg::describe(source))]
     FunctionFile { name: &'static str, source: tokio_postgres::Error },
-    #[error(transparent)]
+    #[error("{}", fairway_pg::describe(.0))]
     Postgres(#[from] tokio_postgres::Error),
 }

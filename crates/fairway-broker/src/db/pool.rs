@@ -2,7 +2,7 @@
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
+use fairway_pg::Database;
 
 use super::DbError;
 
@@ -10,11 +10,12 @@ use super::DbError;
 /// unavailable (503), rather than hanging.
 const CONNECTION_WAIT: Duration = Duration::from_secs(10);
 
-/// A pool of `size` connections. Connections are opened on demand.
-pub fn connect(config: tokio_postgres::Config, size: usize) -> Result<Pool, DbError> {
+/// A pool of `size` connections to `database`, secured as its connection string says.
+/// Connections are opened on demand.
+pub fn connect(database: &Database, size: usize) -> Result<Pool, DbError> {
     let manager = Manager::from_config(
-        config,
-        NoTls,
+        database.config().clone(),
+        database.tls(),
         ManagerConfig { recycling_method: RecyclingMethod::Fast },
     );
     Pool::builder(manager)
@@ -27,5 +28,5 @@ pub fn connect(config: tokio_postgres::Config, size: usize) -> Result<Pool, DbEr
         .wait_timeout(Some(CONNECTION_WAIT))
         .create_timeout(Some(CONNECTION_WAIT))
         .build()
-        .map_err(|error| DbError::Pool(error.to_string()))
+        .map_err(|error| DbError::Pool(fairway_pg::describe(&error)))
 }

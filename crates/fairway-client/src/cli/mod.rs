@@ -38,5 +38,5 @@ fn client(broker: &BrokerAddress) -> Result<Client, CliError> {
             url.split_once("://").map_or(url, |(_, rest)| rest)
         )));
     }
-    Ok(Client::new(url, broker.token.clone())?)
+    Ok(Client::trusting(url, broker.token.clone(), broker.ca_cert.as_deref())?)
 }

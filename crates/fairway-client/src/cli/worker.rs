@@ -162,6 +162,10 @@ async fn work_slot(client: Client, args: WorkerArgs, slot: u32, shared: Arc<Shar
                 ));
                 break;
             }
+            Err(error) if error.is_untrusted_certificate() => {
+                shared.halt(error.to_string());
+                break;
+            }
             Err(error) => {
                 tracing::warn!(%error, "asking for work failed");
                 tokio::select! {
