@@ -705,17 +705,29 @@ async fn the_cli_makes_lists_and_revokes_tokens() {
 }
 
 #[tokio::test]
-async fn the_api_docs_show_bearer_tokens_only_while_auth_is_on() {
-    let has_security = |document: &Value| {
-        let schemes = &document["components"]["securitySchemes"];
-        let operation = &document["paths"]["/jobs"]["post"];
-        (schemes.as_object().is_some_and(|s| !s.is_empty()), operation.get("security").is_some())
-    };
-    let off = spawn_app().await;
-    let document: Value = off.get("/openapi.json").await.json().await.expect("JSON");
-    assert_eq!(has_security(&document), (false, false), "no Authorize button with auth off");
+async fn the_api_docs_are_one_contract_whatever_the_auth_state() {
+    let app = spawn_app().await;
+    let before: Value = app.get("/openapi.json").await.json().await.expect("JSON");
+    // The first token turns auth on while the broker runs.
+    let created = app.post("/admin/tokens", &json!({"name": "ops", "role": "admin"})).await;
+    assert_eq!(created.status(), StatusCode::CREATED);
+    let after: Value = app.get("/openapi.json").await.json().await.expect("JSON");
+    assert_eq!(before, after, "turning auth on changed the served contract");
     let on = spawn_app_with(auth_args()).await;
-    let document: Value = on.get("/openapi.json").await.json().await.expect("JSON");
-    assert_eq!(has_security(&document), (true, true));
-    assert!(document["info"]["description"].as_str().is_some_and(|d| d.contains("/ui/")));
+    let from_the_start: Value = on.get("/openapi.json").await.json().await.expect("JSON");
+    assert_eq!(before, from_the_start);
+
+    assert!(before["components"]["securitySchemes"]["bearer"].is_object(), "{before}");
+    let guarded = &before["paths"]["/jobs"]["post"];
+    assert_eq!(guarded["security"], json!([{"bearer": []}]));
+    for status in ["401", "403"] {
+        assert!(guarded["responses"][status].is_object(), "POST /jobs documents {status}");
+    }
+    // /metrics needs a token only with --metrics-require-token.
+    let metrics = &before["paths"]["/metrics"]["get"];
+    assert_eq!(metrics["security"], json!([{"bearer": []}, {}]));
+    assert!(metrics["responses"]["401"].is_object());
+    let probe = &before["paths"]["/healthz"]["get"];
+    assert!(probe.get("security").is_none() && probe["responses"].get("401").is_none());
+    assert!(before["info"]["description"].as_str().is_some_and(|d| d.contains("/ui/")));
 }

@@ -91,8 +91,9 @@ fn add_errors(operation: &mut Operation) {
     }
 }
 
-/// The bearer scheme, required by every operation that is not open (src/http/auth.rs's table),
-/// each of which may then answer 401 and 403. Open: the probes, /metrics by default.
+/// The bearer scheme, required by every operation that auth can guard (auth.rs's table), each
+/// of which may then answer 401 and 403, whether or not auth is on yet. Open: the probes; and
+/// /metrics unless --metrics-require-token, so its token is optional in the document.
 struct BearerTokens;
 
 impl Modify for BearerTokens {
@@ -123,11 +124,15 @@ impl Modify for BearerTokens {
             ];
             for (method, operation) in operations {
                 let Some(operation) = operation else { continue };
-                if access(&method, Some(path), false) == Access::Open {
+                if access(&method, Some(path), true) == Access::Open {
                     continue;
                 }
-                operation.security =
-                    Some(vec![SecurityRequirement::new("bearer", Vec::<String>::new())]);
+                let bearer = SecurityRequirement::new("bearer", Vec::<String>::new());
+                operation.security = Some(if access(&method, Some(path), false) == Access::Open {
+                    vec![bearer, SecurityRequirement::default()]
+                } else {
+                    vec![bearer]
+                });
                 let errors = [
                     ("401", "No token, or one that is unknown, expired or revoked (with WWW-Authenticate: Bearer); nothing was changed."),
                     ("403", "The token's role or scope does not allow this; nothing was changed."),
@@ -156,42 +161,18 @@ pub fn document() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi()
 }
 
-/// `/openapi.json`, and `/docs`, Swagger UI's pages reading it.
+/// `/openapi.json`, and `/docs`, Swagger UI's pages reading it. The document is the same
+/// whatever the auth state: auth turns on at run time (the first token), and a client that read
+/// the contract before must not meet an answer it says cannot happen.
 pub fn routes(config: &mut web::ServiceConfig) {
-    let with_auth = web::Data::new(document().to_json().unwrap_or_default());
-    let mut without = document();
-    without_auth(&mut without);
-    let without_auth = web::Data::new(without.to_json().unwrap_or_default());
+    let document = document().to_json().unwrap_or_default();
     config
-        .service(web::resource("/openapi.json").route(web::get().to(move |state: AuthData| {
-            let document = if state.authenticator.is_on() { &with_auth } else { &without_auth };
-            let body = document.get_ref().clone();
+        .service(web::resource("/openapi.json").route(web::get().to(move || {
+            let body = document.clone();
             async move { HttpResponse::Ok().content_type("application/json").body(body) }
         })))
         .service(web::redirect("/docs", "/docs/"))
         .service(
             SwaggerUi::new("/docs/{_:.*}").config(utoipa_swagger_ui::Config::from("/openapi.json")),
         );
-}
-
-type AuthData = web::Data<crate::auth::AuthState>;
-
-/// The document as a broker with auth off serves it: no security scheme, so that Swagger UI
-/// shows neither an Authorize button nor padlocks a reader would take for a requirement. Auth
-/// turns on at run time (the first token), so each request picks the document that holds then.
-fn without_auth(openapi: &mut utoipa::openapi::OpenApi) {
-    if let Some(components) = openapi.components.as_mut() {
-        components.security_schemes.clear();
-    }
-    for item in openapi.paths.paths.values_mut() {
-        for operation in
-            [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch]
-                .into_iter()
-                .flatten()
-        {
-            operation.security = None;
-            operation.responses.responses.remove("401");
-            operation.responses.responses.remove("403");
-        }
-    }
 }
