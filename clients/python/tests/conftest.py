@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -191,6 +194,86 @@ class Broker:
         self.start()
 
 
+def make_certificates(directory: Path) -> None:
+    """A private CA (``ca.pem``) and a certificate it signed for 127.0.0.1 (``server.pem``,
+    ``server.key``), with the extensions Python's strict verification asks for."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        missing_tool("no openssl to make a private CA with")
+    assert openssl is not None
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    (directory / "server.ext").write_text(
+        "subjectAltName = IP:127.0.0.1\n"
+        "basicConstraints = critical, CA:FALSE\n"
+        "keyUsage = critical, digitalSignature\n"
+        "extendedKeyUsage = serverAuth\n"
+        "subjectKeyIdentifier = hash\n"
+        "authorityKeyIdentifier = keyid\n"
+    )
+
+    def run(*arguments: str) -> None:
+        subprocess.run([openssl, *arguments], cwd=directory, check=True, capture_output=True)
+
+    # fmt: off
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+        "-subj", "/CN=fairway test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    run("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "server.ext")
+    # fmt: on
+
+
+class TlsFront:
+    """An HTTPS front for a broker, as an ingress with a private CA's certificate is: it ends
+    TLS and passes the bytes on to the broker's plain port. ``ca`` is the CA's certificate."""
+
+    def __init__(self, broker: Broker, directory: Path) -> None:
+        directory.mkdir(exist_ok=True)
+        make_certificates(directory)
+        self.ca = str(directory / "ca.pem")
+        self.broker = broker
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(directory / "server.pem", directory / "server.key")
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"https://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self.accept, name="tls-front", daemon=True).start()
+
+    def accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=self.serve, args=(connection,), daemon=True).start()
+
+    def serve(self, connection: socket.socket) -> None:
+        try:
+            tls = self.context.wrap_socket(connection, server_side=True)
+        except OSError:  # a client that does not trust the certificate hangs up
+            connection.close()
+            return
+        # A broker that is down, or either side hanging up, ends the connection.
+        with contextlib.suppress(OSError), tls:
+            upstream = socket.create_connection(("127.0.0.1", self.broker.port))
+            with upstream:
+                while True:
+                    readable, _, _ = select.select([tls, upstream], [], [])
+                    for source in readable:
+                        data = source.recv(65536)
+                        # Decrypted bytes the TLS layer holds do not make the socket readable.
+                        while source is tls and tls.pending():
+                            data += tls.recv(tls.pending())
+                        if not data:
+                            return
+                        (upstream if source is tls else tls).sendall(data)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+
+
 @pytest.fixture(scope="session")
 def fairway_bin() -> Path:
     binary = fairway_binary()
@@ -225,6 +308,14 @@ def broker(fairway_bin: Path, postgres: Postgres, workdir: Path) -> Iterator[Bro
     server = Broker(fairway_bin, postgres.url, workdir)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def tls_broker(broker: Broker, workdir: Path) -> Iterator[TlsFront]:
+    """The broker behind HTTPS, with a certificate of a private CA."""
+    front = TlsFront(broker, workdir / "tls")
+    yield front
+    front.close()
 
 
 @pytest.fixture(scope="session")

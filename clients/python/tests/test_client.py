@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import httpx
 import pytest
 
-from conftest import Broker, free_port, unique
-from fairway_client import AsyncClient, Client, FairwayError
+from conftest import Broker, TlsFront, free_port, unique, wait_until
+from fairway_client import AsyncClient, Client, FairwayError, RetryPolicy
 
 
 def work_all(client: Client, service: str, results: Any = None) -> int:
@@ -178,5 +181,205 @@ def test_async_client(broker: Broker) -> None:
             with pytest.raises(FairwayError) as missing:
                 await client.job("00000000-0000-0000-0000-000000000000")
             assert missing.value.code == "job_not_found"
+
+    asyncio.run(scenario())
+
+
+def utc_text(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_submit_with_a_retry_policy(broker: Broker) -> None:
+    service, user = unique("flaky"), unique("grace")
+    with Client(broker.url) as client:
+        policy: RetryPolicy = {
+            "max_attempts": 2,
+            "backoff": "none",
+            "initial": timedelta(milliseconds=1500),
+            "max": 90,
+        }
+        job_id = client.submit(user, [service], ["G1"], retry=policy)
+        assert client.job(job_id)["retry"] == {
+            "max_attempts": 2,
+            "backoff": "none",
+            "initial": "1s 500ms",
+            "max": "1m 30s",
+        }
+        # Two attempts, where the broker's default would give four.
+        (item,) = client.claim(service, "q")
+        assert client.fail(item["id"], 1, "timeout")["status"] == "ready"
+        (item,) = client.claim(service, "q")
+        assert item["attempt"] == 2
+        assert client.fail(item["id"], 2, "timeout")["status"] == "failed"
+        assert client.wait(job_id, timeout=10)["status"] == "failed"
+
+        # A delay: the retry waits as scheduled.
+        delayed = client.submit(
+            user, [service], ["G2"], retry={"backoff": "fixed", "initial": "1h"}
+        )
+        (item,) = client.claim(service, "q")
+        assert client.fail(item["id"], 1, "timeout")["status"] == "scheduled"
+        assert [item["status"] for item in client.items(delayed)] == ["scheduled"]
+        assert client.claim(service, "q") == []
+
+        with pytest.raises(FairwayError) as refused:
+            client.submit(user, [service], ["G3"], retry={"max_attempts": 0})
+        assert (refused.value.status, refused.value.code) == (400, "invalid_retry")
+        assert "retry.max_attempts" in refused.value.message
+        with pytest.raises(ValueError, match="negative"):
+            client.submit(user, [service], ["G4"], retry={"initial": -1})
+        assert len(list(client.jobs(user))) == 2
+
+
+def test_submit_with_not_before(broker: Broker) -> None:
+    later_service, soon_service, user = unique("later"), unique("soon"), unique("heidi")
+    with Client(broker.url) as client:
+        # Any time zone: the broker gets the same instant in UTC.
+        eastern = timezone(timedelta(hours=-5))
+        later = (datetime.now(eastern) + timedelta(hours=1)).replace(microsecond=0)
+        job_id = client.submit(user, [later_service], ["G1", "G2"], not_before=later)
+        job = client.job(job_id)
+        assert job["not_before"] == utc_text(later)
+        assert job["steps"][0]["scheduled"] == 2
+        items = list(client.items(job_id))
+        assert [item["status"] for item in items] == ["scheduled", "scheduled"]
+        assert [item["not_before"] for item in items] == [utc_text(later)] * 2
+        assert client.claim(later_service, "q", max=2) == []
+
+        soon = datetime.now(timezone.utc) + timedelta(seconds=1.5)
+        soon_id = client.submit(user, [soon_service], ["G3"], not_before=soon)
+        assert client.claim(soon_service, "q") == []
+        claimed: list[dict[str, Any]] = []
+
+        def claim_soon() -> bool:
+            claimed.extend(client.claim(soon_service, "q", wait=1))
+            return bool(claimed)
+
+        wait_until(claim_soon, 10, "the scheduled item to become claimable")
+        assert claimed[0]["job_id"] == soon_id
+        assert datetime.now(timezone.utc) >= soon
+
+        past = datetime.now(timezone.utc) - timedelta(minutes=1)
+        past_id = client.submit(user, [soon_service], ["G4"], not_before=past)
+        assert [item["status"] for item in client.items(past_id)] == ["ready"]
+
+        with pytest.raises(ValueError, match="timezone-aware"):
+            client.submit(user, [later_service], ["G5"], not_before=datetime(2030, 1, 1))
+        assert len(list(client.jobs(user))) == 3
+
+
+def test_submit_with_an_idempotency_key(broker: Broker) -> None:
+    service, user = unique("nightly"), unique("ivan")
+    key = unique("nightly-2030-01-01")
+    start = datetime.now(timezone.utc) + timedelta(hours=1)
+    with Client(broker.url) as client:
+
+        def submit(items: list[str], not_before: datetime = start) -> str:
+            return client.submit(
+                user,
+                [service],
+                items,
+                retry={"max_attempts": 3},
+                not_before=not_before,
+                idempotency_key=key,
+            )
+
+        job_id = submit(["G1"])
+        assert submit(["G1"]) == job_id
+        # The same instant in another zone is the same submission.
+        assert submit(["G1"], start.astimezone(timezone(timedelta(hours=9)))) == job_id
+        with pytest.raises(FairwayError) as reused:
+            submit(["G2"])
+        assert (reused.value.status, reused.value.code) == (409, "idempotency_key_reused")
+        assert [job["job_id"] for job in client.jobs(user)] == [job_id]
+
+        body = {"user": user, "steps": [{"service": service}], "items": [{"payload": "G9"}]}
+        raw = client.submit_raw(body, idempotency_key=key + "-raw")
+        assert client.submit_raw(body, idempotency_key=key + "-raw") == raw
+        assert raw["job_id"] != job_id
+        # Without a key, each submission is a job of its own.
+        assert client.submit(user, [service], ["G1"]) != client.submit(user, [service], ["G1"])
+
+        for bad in ["", "k" * 256, "naïve", "line\nbreak"]:
+            with pytest.raises(ValueError, match="printable ASCII"):
+                client.submit(user, [service], ["G1"], idempotency_key=bad)
+        assert len(list(client.jobs(user))) == 4
+
+
+def test_async_submit_with_a_retry_policy_and_not_before(broker: Broker) -> None:
+    service, user = unique("async-later"), unique("judy")
+    later = (datetime.now(timezone.utc) + timedelta(hours=1)).replace(microsecond=0)
+
+    async def scenario() -> None:
+        async with AsyncClient(broker.url) as client:
+            job_id = await client.submit(
+                user,
+                [service],
+                [1, 2],
+                retry={"max_attempts": 5, "backoff": "exponential", "initial": 2, "max": "1m"},
+                not_before=later,
+            )
+            job = await client.job(job_id)
+            assert job["retry"] == {
+                "max_attempts": 5,
+                "backoff": "exponential",
+                "initial": "2s",
+                "max": "1m",
+            }
+            assert job["not_before"] == utc_text(later)
+            statuses = [item["status"] async for item in client.items(job_id)]
+            assert statuses == ["scheduled", "scheduled"]
+            assert await client.claim(service, "q", max=2) == []
+            with pytest.raises(ValueError, match="timezone-aware"):
+                await client.submit(user, [service], [3], not_before=datetime(2030, 1, 1))
+
+    asyncio.run(scenario())
+
+
+def test_async_submit_with_an_idempotency_key(broker: Broker) -> None:
+    service, user, key = unique("async-nightly"), unique("ken"), unique("key")
+
+    async def scenario() -> None:
+        async with AsyncClient(broker.url) as client:
+            job_id = await client.submit(user, [service], ["G1"], idempotency_key=key)
+            assert await client.submit(user, [service], ["G1"], idempotency_key=key) == job_id
+            with pytest.raises(FairwayError) as reused:
+                await client.submit(user, [service], ["G2"], idempotency_key=key)
+            assert (reused.value.status, reused.value.code) == (409, "idempotency_key_reused")
+            body = {"user": user, "steps": [{"service": service}], "items": [{"payload": "G3"}]}
+            raw = await client.submit_raw(body, idempotency_key=key + "-raw")
+            assert await client.submit_raw(body, idempotency_key=key + "-raw") == raw
+            assert [job["job_id"] async for job in client.jobs(user)] == [raw["job_id"], job_id]
+
+    asyncio.run(scenario())
+
+
+def test_https_with_a_private_ca(tls_broker: TlsFront, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    service = unique("tls")
+    with Client(tls_broker.url, verify=tls_broker.ca) as client:
+        job_id = client.submit(unique("liz"), [service], ["G1"], idempotency_key="tls")
+        assert client.job(job_id)["status"] == "accepted"
+    context = ssl.create_default_context(cafile=tls_broker.ca)
+    assert Client(tls_broker.url, verify=context).ready()
+    assert Client(tls_broker.url, verify=False).ready()
+
+    with Client(tls_broker.url) as untrusting, pytest.raises(FairwayError) as refused:
+        untrusting.job(job_id)
+    assert refused.value.code == "transport"
+    assert "CERTIFICATE_VERIFY_FAILED" in refused.value.message
+    # What fairway-harmony, which leaves verify alone, relies on.
+    monkeypatch.setenv("SSL_CERT_FILE", tls_broker.ca)
+    assert Client(tls_broker.url).ready()
+
+    with pytest.raises(ValueError, match="http= client"):
+        Client(tls_broker.url, verify=tls_broker.ca, http=httpx.Client())
+    with pytest.raises(FileNotFoundError):
+        Client(tls_broker.url, verify=tls_broker.ca + ".missing")
+
+    async def scenario() -> None:
+        async with AsyncClient(tls_broker.url, verify=tls_broker.ca) as client:
+            assert (await client.job(job_id))["job_id"] == job_id
 
     asyncio.run(scenario())

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import httpx
 import pytest
 
-from conftest import Broker, unique, wait_until
+from conftest import Broker, TlsFront, unique, wait_until
 from fairway_client import Client, FairwayError, PermanentError, Worker
 from fairway_client.worker import heartbeat_period, parse_timestamp
 
@@ -454,6 +454,27 @@ def test_a_report_whose_answer_was_lost_is_resent_and_answered_the_same(
     finally:
         running.stop_all()
         proxy.close()
+
+
+def test_a_worker_reaches_an_https_broker_with_a_private_ca(
+    tls_broker: TlsFront, running: Running
+) -> None:
+    service = unique("tls-worker")
+    running.start(
+        Worker(
+            tls_broker.url,
+            service=service,
+            handler=lambda item: ["R1"],
+            wait=2,
+            verify=tls_broker.ca,
+        )
+    )
+    with Client(tls_broker.url, verify=tls_broker.ca) as client:
+        job_id = client.submit(unique("mia"), [service], ["G1"])
+        assert client.wait(job_id, timeout=30)["status"] == "successful"
+        assert list(client.results(job_id)) == ["R1"]
+    with pytest.raises(FileNotFoundError):
+        Worker(tls_broker.url, service=service, handler=lambda item: [], verify="/no/such/ca.pem")
 
 
 def test_default_querier_is_host_and_pid() -> None:

@@ -6,7 +6,7 @@ Producers use :class:`Client` (or :class:`AsyncClient`); a service's pods run a
 runs Harmony service adapters as workers: see :mod:`fairway_client.harmony`.
 """
 
-from ._core import FINISHED_STATUSES
+from ._core import FINISHED_STATUSES, Backoff, Duration, RetryPolicy, Verify
 from ._errors import FairwayError, PermanentError
 from .aio import AsyncClient
 from .client import Client
@@ -21,9 +21,13 @@ __all__ = [
     "BROKER_VERSIONS",
     "FINISHED_STATUSES",
     "AsyncClient",
+    "Backoff",
     "Client",
+    "Duration",
     "FairwayError",
     "PermanentError",
+    "RetryPolicy",
+    "Verify",
     "Worker",
     "__version__",
     "default_querier",

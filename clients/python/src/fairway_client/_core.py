@@ -4,10 +4,13 @@ how an answer becomes a document or a :class:`FairwayError`. No I/O here."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from datetime import datetime, timedelta, timezone
+from typing import Any, Literal, TypedDict, Union
 from urllib.parse import quote
 
 import httpx
@@ -32,6 +35,33 @@ Strategy = Union[str, Mapping[str, Any]]
 #: A step: a service's name, or ``{"service": ..., "aggregate": ...}`` as ``POST /jobs`` takes it.
 Step = Union[str, Mapping[str, Any]]
 
+#: How the delay before a retry grows: not at all (ready at once), ``initial`` each time, or
+#: ``initial`` doubled after each failure up to ``max``, with jitter.
+Backoff = Literal["none", "fixed", "exponential"]
+
+#: A delay: seconds, a :class:`~datetime.timedelta`, or the broker's own text (``"2s"``,
+#: ``"10m"``, ``"1h 30m"``).
+Duration = Union[float, timedelta, str]
+
+
+class RetryPolicy(TypedDict, total=False):
+    """A job's ``retry`` policy, as ``POST /jobs`` takes it; every key is optional, and those
+    left out take the broker's defaults (``--retry-backoff``, ``--retry-initial``,
+    ``--retry-max``; ``--max-retries`` + 1 attempts)."""
+
+    #: Attempts each item gets, the first included: 1 to 100.
+    max_attempts: int
+    backoff: Backoff
+    #: The first retry's delay (every retry's, under ``fixed``); at most 7 days.
+    initial: Duration
+    #: The longest delay ``exponential`` grows to; at most 7 days.
+    max: Duration
+
+
+#: What ``verify=`` takes: True (the default trust store, or ``SSL_CERT_FILE``), False (no
+#: check), the path of a CA bundle or of a directory of CA certificates, or an SSL context.
+Verify = Union[bool, str, os.PathLike[str], ssl.SSLContext]
+
 
 def resolve_url(url: str | None) -> str:
     """The broker's base URL: ``url``, else ``FAIRWAY_URL``, else ``http://127.0.0.1:8080``."""
@@ -46,6 +76,24 @@ def resolve_url(url: str | None) -> str:
 def resolve_token(token: str | None) -> str | None:
     """The bearer token: ``token``, else ``FAIRWAY_TOKEN``, else none."""
     return token or os.environ.get("FAIRWAY_TOKEN") or None
+
+
+def ssl_verify(verify: Verify) -> bool | ssl.SSLContext:
+    """httpx's ``verify`` for ``verify``: a path becomes an SSL context that trusts the CA
+    certificates there (and only those), since httpx 0.28 deprecates a path."""
+    if isinstance(verify, (bool, ssl.SSLContext)):
+        return verify
+    path = os.fspath(verify)
+    if os.path.isdir(path):
+        return ssl.create_default_context(capath=path)
+    return ssl.create_default_context(cafile=path)
+
+
+def check_verify(verify: Verify, http: object | None) -> None:
+    if http is not None and verify is not True:
+        raise ValueError(
+            "verify= applies to connections the client opens; set it on the http= client"
+        )
 
 
 def headers(token: str | None) -> dict[str, str]:
@@ -65,6 +113,8 @@ class Call:
     body: Any = None
     #: Seconds to wait for the answer, when longer than the client's timeout (a long poll).
     timeout: float | None = None
+    #: Request headers besides the client's own.
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 def decode(response: httpx.Response) -> Any:
@@ -120,6 +170,65 @@ def item_bodies(items: Iterable[Any], component: str | None) -> list[dict[str, A
     return bodies
 
 
+def duration_text(value: Duration, key: str) -> str:
+    """A delay as the broker reads it: whole seconds, else milliseconds, else microseconds (the
+    broker takes no fractions)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, timedelta):
+        micros = value // timedelta(microseconds=1)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        micros = round(value * 1_000_000)
+    else:
+        raise TypeError(f"retry[{key!r}] is seconds, a timedelta or a text such as '2s': {value!r}")
+    if micros < 0:
+        raise ValueError(f"retry[{key!r}] must not be negative: {value!r}")
+    if micros % 1_000_000 == 0:
+        return f"{micros // 1_000_000}s"
+    if micros % 1_000 == 0:
+        return f"{micros // 1_000}ms"
+    return f"{micros}us"
+
+
+def retry_body(retry: Mapping[str, Any]) -> dict[str, Any]:
+    # Other keys go as they are: the broker names any it does not know.
+    return {
+        key: duration_text(value, key) if key in ("initial", "max") else value
+        for key, value in retry.items()
+    }
+
+
+def not_before_text(not_before: datetime) -> str:
+    """An aware datetime as RFC 3339 in UTC. A naive one is refused rather than guessed: the
+    local zone and UTC would both be plausible, and hours apart."""
+    if not isinstance(not_before, datetime):
+        raise TypeError(f"not_before is a datetime, not {type(not_before).__name__}")
+    if not_before.utcoffset() is None:
+        raise ValueError(
+            "not_before must be timezone-aware, such as "
+            "datetime.now(timezone.utc) + timedelta(minutes=5); "
+            f"{not_before.isoformat()} has no time zone"
+        )
+    text = not_before.astimezone(timezone.utc).isoformat()
+    return text[: -len("+00:00")] + "Z"
+
+
+def idempotency_headers(key: str | None) -> dict[str, str]:
+    if key is None:
+        return {}
+    # Checked here: httpx would fail on some of these before sending, as a transport error
+    # that looks worth retrying.
+    if not (1 <= len(key) <= 255 and all(" " <= char <= "~" for char in key)):
+        raise ValueError(
+            f"idempotency_key must be 1 to 255 printable ASCII characters, not {key!r:.80}"
+        )
+    return {"idempotency-key": key}
+
+
+def submit_raw_call(body: Mapping[str, Any], idempotency_key: str | None) -> Call:
+    return Call("POST", "/jobs", body=dict(body), headers=idempotency_headers(idempotency_key))
+
+
 def submit_call(
     user: str,
     steps: Sequence[Step],
@@ -131,6 +240,9 @@ def submit_call(
     priority: int | None,
     metadata: Mapping[str, str | int] | None,
     component: str | None,
+    retry: RetryPolicy | None = None,
+    not_before: datetime | None = None,
+    idempotency_key: str | None = None,
 ) -> Call:
     if isinstance(steps, str):
         raise TypeError("steps is a list of steps: write steps=[...]")
@@ -145,9 +257,11 @@ def submit_call(
         "actor": list(actor) if actor is not None else None,
         "priority": priority,
         "metadata": dict(metadata) if metadata is not None else None,
+        "retry": retry_body(retry) if retry is not None else None,
+        "not_before": not_before_text(not_before) if not_before is not None else None,
     }
     body.update({key: value for key, value in options.items() if value is not None})
-    return Call("POST", "/jobs", body=body)
+    return submit_raw_call(body, idempotency_key)
 
 
 def add_items_call(job_id: str, items: Iterable[Any], component: str | None) -> Call:

@@ -6,17 +6,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
 import httpx
 
 from . import _core
-from ._core import Call, Step, Strategy
+from ._core import Call, RetryPolicy, Step, Strategy, Verify
 
 
 class AsyncClient:
-    """An asyncio client of the broker at ``url``; see :class:`fairway_client.Client`.
+    """An asyncio client of the broker at ``url``; see :class:`fairway_client.Client`, whose
+    ``token``, ``timeout``, ``verify`` and ``http`` (here an ``httpx.AsyncClient``) it takes.
 
     ``async with AsyncClient(...) as client:`` closes its connections at the end.
     """
@@ -27,11 +29,13 @@ class AsyncClient:
         token: str | None = None,
         *,
         timeout: float = _core.REQUEST_TIMEOUT,
+        verify: Verify = True,
         http: httpx.AsyncClient | None = None,
     ) -> None:
+        _core.check_verify(verify, http)
         self.url = _core.resolve_url(url)
         self._token = _core.resolve_token(token)
-        self._http = http or httpx.AsyncClient(timeout=timeout)
+        self._http = http or httpx.AsyncClient(timeout=timeout, verify=_core.ssl_verify(verify))
         self._owns_http = http is None
 
     async def aclose(self) -> None:
@@ -53,7 +57,8 @@ class AsyncClient:
         return f"AsyncClient({self.url!r})"
 
     async def _call(self, call: Call) -> Any:
-        kwargs: dict[str, Any] = {"params": call.params, "headers": _core.headers(self._token)}
+        headers = {**_core.headers(self._token), **call.headers}
+        kwargs: dict[str, Any] = {"params": call.params, "headers": headers}
         if call.body is not None:
             kwargs["json"] = call.body
         if call.timeout is not None:
@@ -78,7 +83,12 @@ class AsyncClient:
         priority: int | None = None,
         metadata: Mapping[str, str | int] | None = None,
         component: str | None = None,
+        retry: RetryPolicy | None = None,
+        not_before: datetime | None = None,
+        idempotency_key: str | None = None,
     ) -> str:
+        """Submits a job and returns its id; see :meth:`fairway_client.Client.submit`, whose
+        options, ``retry``, ``not_before`` and ``idempotency_key`` included, it takes."""
         call = _core.submit_call(
             user,
             steps,
@@ -89,11 +99,16 @@ class AsyncClient:
             priority=priority,
             metadata=metadata,
             component=component,
+            retry=retry,
+            not_before=not_before,
+            idempotency_key=idempotency_key,
         )
         return str((await self._call(call))["job_id"])
 
-    async def submit_raw(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        answer: dict[str, Any] = await self._call(Call("POST", "/jobs", body=dict(body)))
+    async def submit_raw(
+        self, body: Mapping[str, Any], *, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._call(_core.submit_raw_call(body, idempotency_key))
         return answer
 
     async def add_items(

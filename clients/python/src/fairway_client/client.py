@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
 import httpx
 
 from . import _core
-from ._core import Call, Step, Strategy
+from ._core import Call, RetryPolicy, Step, Strategy, Verify
 
 
 class Client:
@@ -22,6 +23,12 @@ class Client:
     with the HTTP status, the API's error code and its message; a broker that cannot be reached
     raises it with ``status`` None. Safe to share between threads; close it (or use it as a
     context manager) to free its connections.
+
+    ``verify`` checks an ``https://`` broker's certificate: True (the default) against the
+    default trust store (``SSL_CERT_FILE`` or ``SSL_CERT_DIR`` when set), a path against the CA
+    certificates in that file or directory only (a private CA), an :class:`ssl.SSLContext` as
+    it says, False not at all. ``http`` is an ``httpx.Client`` to send requests with instead of
+    the client's own (``timeout`` and ``verify`` are then that client's business).
     """
 
     def __init__(
@@ -30,11 +37,13 @@ class Client:
         token: str | None = None,
         *,
         timeout: float = _core.REQUEST_TIMEOUT,
+        verify: Verify = True,
         http: httpx.Client | None = None,
     ) -> None:
+        _core.check_verify(verify, http)
         self.url = _core.resolve_url(url)
         self._token = _core.resolve_token(token)
-        self._http = http or httpx.Client(timeout=timeout)
+        self._http = http or httpx.Client(timeout=timeout, verify=_core.ssl_verify(verify))
         self._owns_http = http is None
 
     def close(self) -> None:
@@ -56,7 +65,8 @@ class Client:
         return f"Client({self.url!r})"
 
     def _call(self, call: Call) -> Any:
-        kwargs: dict[str, Any] = {"params": call.params, "headers": _core.headers(self._token)}
+        headers = {**_core.headers(self._token), **call.headers}
+        kwargs: dict[str, Any] = {"params": call.params, "headers": headers}
         if call.body is not None:
             kwargs["json"] = call.body
         if call.timeout is not None:
@@ -81,12 +91,27 @@ class Client:
         priority: int | None = None,
         metadata: Mapping[str, str | int] | None = None,
         component: str | None = None,
+        retry: RetryPolicy | None = None,
+        not_before: datetime | None = None,
+        idempotency_key: str | None = None,
     ) -> str:
         """Submits a job and returns its id.
 
         ``steps`` are services' names or ``{"service": ..., "aggregate": True}``; ``items`` are
         the first step's payloads (any JSON), each made an item (of ``component``, when given).
         Options left None take the broker's defaults (``is_async`` true, tenant ``default``).
+
+        ``retry`` is how the job's items are retried: ``{"max_attempts", "backoff", "initial",
+        "max"}``, any of them (see :class:`fairway_client.RetryPolicy`); delays are seconds, a
+        ``timedelta`` or text such as ``"2s"``. ``not_before`` is a timezone-aware datetime
+        before which no item is handed out (they wait as ``scheduled``); a naive one raises
+        ``ValueError``.
+
+        ``idempotency_key`` (1 to 255 printable ASCII characters) makes the submission safe to
+        send again, after a timeout or a transport error: the same key with the same job
+        answers the first job's id and creates nothing, for the broker's
+        ``--idempotency-ttl``; the same key with another job raises ``FairwayError`` 409
+        ``idempotency_key_reused``. "The same job" includes ``not_before``: compute it once.
         """
         call = _core.submit_call(
             user,
@@ -98,12 +123,18 @@ class Client:
             priority=priority,
             metadata=metadata,
             component=component,
+            retry=retry,
+            not_before=not_before,
+            idempotency_key=idempotency_key,
         )
         return str(self._call(call)["job_id"])
 
-    def submit_raw(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Submits a ``POST /jobs`` body as it is; returns the answer, ``{"job_id", "status"}``."""
-        answer: dict[str, Any] = self._call(Call("POST", "/jobs", body=dict(body)))
+    def submit_raw(
+        self, body: Mapping[str, Any], *, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """Submits a ``POST /jobs`` body as it is; returns the answer, ``{"job_id", "status"}``.
+        ``idempotency_key`` is sent as the ``Idempotency-Key`` header, as :meth:`submit` does."""
+        answer: dict[str, Any] = self._call(_core.submit_raw_call(body, idempotency_key))
         return answer
 
     def add_items(

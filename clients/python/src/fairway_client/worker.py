@@ -25,7 +25,7 @@ from typing import Any, Callable, Union
 import httpx
 
 from . import _core
-from ._core import Strategy
+from ._core import Strategy, Verify
 from ._errors import FairwayError, PermanentError
 from .aio import AsyncClient
 
@@ -77,7 +77,8 @@ class Worker:
     with ``handle_signals``), or :meth:`stop` from any thread. It then takes no more work,
     abandons its waiting long polls, finishes the items it holds, reports them, and returns.
     ``querier`` defaults to the host name and the process id; ``strategy`` (a leaf's name or
-    an expression) is passed to every claim.
+    an expression) is passed to every claim. ``verify`` checks an ``https://`` broker's
+    certificate, as :class:`~fairway_client.Client`'s does (a path: a private CA's).
     """
 
     def __init__(
@@ -94,6 +95,7 @@ class Worker:
         heartbeat: float | None = None,
         report_retry_for: float = 30.0,
         handle_signals: bool = True,
+        verify: Verify = True,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -112,6 +114,8 @@ class Worker:
         self.report_retry_for = report_retry_for
         self.handle_signals = handle_signals
         self._token = token
+        # Made here, so that a CA file that cannot be read fails the constructor, not run().
+        self._verify = _core.ssl_verify(verify)
         self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
             getattr(handler, "__call__", None)  # noqa: B004 - a callable object's method
         )
@@ -158,7 +162,7 @@ class Worker:
         if self._stop_requested:
             self._stop_event.set()
         limits = httpx.Limits(max_connections=2 * self.concurrency + 4)
-        http = httpx.AsyncClient(timeout=_core.REQUEST_TIMEOUT, limits=limits)
+        http = httpx.AsyncClient(timeout=_core.REQUEST_TIMEOUT, limits=limits, verify=self._verify)
         client = AsyncClient(self.url, self._token, http=http)
         executor = ThreadPoolExecutor(
             max_workers=self.concurrency, thread_name_prefix=f"fairway-{self.service}"
