@@ -179,8 +179,20 @@ async fn a_broker_reaches_a_postgresql_that_accepts_only_tls_and_says_why_when_r
         "{refused}"
     );
 
-    // verify-full against another CA: the certificate is refused, and the file is named.
+    // A CA file renewed in place is read again for the next connection: no restart.
     let other = TestCa::new(&dir, "other");
+    let renewed = dir.join("renewed-ca.pem");
+    std::fs::copy(other.root(), &renewed).expect("a CA file that does not fit yet");
+    let database = url(&format!("sslmode=verify-full sslrootcert={}", renewed.display()));
+    let database = Database::parse(&database).expect("parses");
+    let refused = database.connect().await.err().map(|error| fairway_pg::describe(&error));
+    assert!(refused.is_some_and(|error| error.contains("UnknownIssuer")));
+    std::fs::copy(ca.root(), &renewed).expect("renew the CA file");
+    let (client, connection) = database.connect().await.expect("the renewed CA is trusted");
+    tokio::spawn(connection);
+    client.simple_query("SELECT 1").await.expect("a query over the renewed trust");
+
+    // verify-full against another CA: the certificate is refused, and the file is named.
     let other_root = other.root().display().to_string();
     let refused =
         serve_refused(&url(&format!("sslmode=verify-full sslrootcert={other_root}")), &[]).await;

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import shutil
 import socket
 import ssl
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -132,12 +130,22 @@ class Postgres:
 class Broker:
     """One ``fairway serve`` on a free loopback port; ``restart`` keeps the port."""
 
-    def __init__(self, binary: Path, database_url: str, workdir: Path, *args: str) -> None:
+    def __init__(
+        self,
+        binary: Path,
+        database_url: str,
+        workdir: Path,
+        *args: str,
+        verify: ssl.SSLContext | None = None,
+    ) -> None:
+        """``verify`` is for a broker that ``args`` make serve HTTPS: the trust its certificate
+        is checked with, and the URL is then ``https://``."""
         self.binary = binary
         self.database_url = database_url
         self.args = args
+        self.verify: ssl.SSLContext | bool = True if verify is None else verify
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'http' if verify is None else 'https'}://127.0.0.1:{self.port}"
         self.log = workdir / f"broker-{self.port}.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.start()
@@ -171,7 +179,8 @@ class Broker:
                     pytrace=False,
                 )
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                response = httpx.get(f"{self.url}/readyz", timeout=2, verify=self.verify)
+                if response.status_code == 200:
                     return
             if time.monotonic() > deadline:
                 pytest.fail(f"fairway serve never became ready:\n{tail(self.log)}", pytrace=False)
@@ -224,54 +233,22 @@ def make_certificates(directory: Path) -> None:
     # fmt: on
 
 
-class TlsFront:
-    """An HTTPS front for a broker, as an ingress with a private CA's certificate is: it ends
-    TLS and passes the bytes on to the broker's plain port. ``ca`` is the CA's certificate."""
+class TlsBroker(Broker):
+    """A broker that serves HTTPS itself, with the certificate ``make_certificates`` made in
+    ``certificates``; ``ca`` is the path of the CA's certificate, for ``verify=``."""
 
-    def __init__(self, broker: Broker, directory: Path) -> None:
-        directory.mkdir(exist_ok=True)
-        make_certificates(directory)
-        self.ca = str(directory / "ca.pem")
-        self.broker = broker
-        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self.context.load_cert_chain(directory / "server.pem", directory / "server.key")
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"https://127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self.accept, name="tls-front", daemon=True).start()
-
-    def accept(self) -> None:
-        while True:
-            try:
-                connection, _ = self.listener.accept()
-            except OSError:  # closed
-                return
-            threading.Thread(target=self.serve, args=(connection,), daemon=True).start()
-
-    def serve(self, connection: socket.socket) -> None:
-        try:
-            tls = self.context.wrap_socket(connection, server_side=True)
-        except OSError:  # a client that does not trust the certificate hangs up
-            connection.close()
-            return
-        # A broker that is down, or either side hanging up, ends the connection.
-        with contextlib.suppress(OSError), tls:
-            upstream = socket.create_connection(("127.0.0.1", self.broker.port))
-            with upstream:
-                while True:
-                    readable, _, _ = select.select([tls, upstream], [], [])
-                    for source in readable:
-                        data = source.recv(65536)
-                        # Decrypted bytes the TLS layer holds do not make the socket readable.
-                        while source is tls and tls.pending():
-                            data += tls.recv(tls.pending())
-                        if not data:
-                            return
-                        (upstream if source is tls else tls).sendall(data)
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
+    def __init__(self, binary: Path, database_url: str, workdir: Path, certificates: Path) -> None:
+        self.ca = str(certificates / "ca.pem")
+        super().__init__(
+            binary,
+            database_url,
+            workdir,
+            "--tls-cert",
+            str(certificates / "server.pem"),
+            "--tls-key",
+            str(certificates / "server.key"),
+            verify=ssl.create_default_context(cafile=self.ca),
+        )
 
 
 @pytest.fixture(scope="session")
@@ -311,11 +288,14 @@ def broker(fairway_bin: Path, postgres: Postgres, workdir: Path) -> Iterator[Bro
 
 
 @pytest.fixture(scope="session")
-def tls_broker(broker: Broker, workdir: Path) -> Iterator[TlsFront]:
-    """The broker behind HTTPS, with a certificate of a private CA."""
-    front = TlsFront(broker, workdir / "tls")
-    yield front
-    front.close()
+def tls_broker(fairway_bin: Path, postgres: Postgres, workdir: Path) -> Iterator[TlsBroker]:
+    """A second broker on the same database, serving HTTPS with a certificate of a private CA."""
+    certificates = workdir / "tls"
+    certificates.mkdir(exist_ok=True)
+    make_certificates(certificates)
+    server = TlsBroker(fairway_bin, postgres.url, workdir, certificates)
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import Broker, TlsFront, free_port, unique, wait_until
+from conftest import Broker, TlsBroker, free_port, unique, wait_until
 from fairway_client import AsyncClient, Client, FairwayError, RetryPolicy
 
 
@@ -354,7 +354,7 @@ def test_async_submit_with_an_idempotency_key(broker: Broker) -> None:
     asyncio.run(scenario())
 
 
-def test_https_with_a_private_ca(tls_broker: TlsFront, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_https_with_a_private_ca(tls_broker: TlsBroker, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
     monkeypatch.delenv("SSL_CERT_DIR", raising=False)
     service = unique("tls")

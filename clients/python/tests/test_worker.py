@@ -19,7 +19,7 @@ from typing import Any, Callable
 import httpx
 import pytest
 
-from conftest import Broker, TlsFront, unique, wait_until
+from conftest import Broker, TlsBroker, unique, wait_until
 from fairway_client import Client, FairwayError, PermanentError, Worker
 from fairway_client.worker import heartbeat_period, parse_timestamp
 
@@ -457,7 +457,7 @@ def test_a_report_whose_answer_was_lost_is_resent_and_answered_the_same(
 
 
 def test_a_worker_reaches_an_https_broker_with_a_private_ca(
-    tls_broker: TlsFront, running: Running
+    tls_broker: TlsBroker, running: Running
 ) -> None:
     service = unique("tls-worker")
     running.start(

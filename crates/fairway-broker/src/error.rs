@@ -124,14 +124,9 @@ impl From<tokio_postgres::Error> for BrokerError {
 
 impl From<deadpool_postgres::PoolError> for BrokerError {
     fn from(error: deadpool_postgres::PoolError) -> Self {
-        match error {
-            // Whatever stopped a connection from being made or reused, the database is not
-            // there for this request.
-            deadpool_postgres::PoolError::Backend(error) => {
-                Self::Unavailable(fairway_pg::describe(&error))
-            }
-            other => Self::Unavailable(fairway_pg::describe(&other)),
-        }
+        // Whatever stopped a connection from being made or reused, the database is not there
+        // for this request.
+        Self::Unavailable(crate::db::describe_pool_error(&error))
     }
 }
 

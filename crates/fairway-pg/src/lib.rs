@@ -62,8 +62,8 @@ impl Database {
     pub fn parse(text: &str) -> Result<Self, ConnectionStringError> {
         let (rest, settings) = conninfo::split_tls_settings(text)?;
         let mut config = Config::from_str(&rest).map_err(ConnectionStringError::Rejected)?;
-        let tls = Tls::from_settings(&settings)?;
         config.ssl_mode(settings.mode.unwrap_or_default().negotiation());
+        let tls = Tls::from_settings(settings)?;
         Ok(Self { config, tls })
     }
 

@@ -3,7 +3,8 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::SystemTime;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
@@ -22,61 +23,64 @@ use crate::ConnectionStringError;
 /// `sslrootcert=system`: the system's trusted roots, as libpq reads the word.
 const SYSTEM_ROOTS: &str = "system";
 
-/// The connector for one connection string, with what it was made from, for log lines.
+/// The connector for one connection string. The certificate files are read again, for the next
+/// connection, once any of them changes: a CA or client certificate renewed in place (a
+/// Kubernetes Secret's volume, say) needs no restart. A renewal that cannot be read is logged,
+/// and the files read before stay in use.
 #[derive(Clone)]
 pub struct Tls {
-    connector: MakeRustlsConnect,
+    settings: Arc<TlsSettings>,
     mode: SslMode,
-    root_cert: Option<String>,
+    loaded: Arc<Mutex<Loaded>>,
+}
+
+struct Loaded {
+    connector: MakeRustlsConnect,
+    /// The files' modification times when they were read.
+    read_at: Vec<Option<SystemTime>>,
 }
 
 impl Tls {
-    pub(crate) fn from_settings(settings: &TlsSettings) -> Result<Self, ConnectionStringError> {
+    pub(crate) fn from_settings(mut settings: TlsSettings) -> Result<Self, ConnectionStringError> {
         let mode = settings.mode.unwrap_or_default();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
         // libpq's default root file, used when the string names none.
-        let root_cert = settings.root_cert.clone().or_else(|| {
-            let home = std::env::var_os("HOME")?;
-            let default = Path::new(&home).join(".postgresql/root.crt");
-            default.exists().then(|| default.display().to_string())
-        });
-        let verifier: Arc<dyn ServerCertVerifier> = match &root_cert {
-            Some(root_cert) => {
-                let roots = Arc::new(load_roots(root_cert)?);
-                let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
-                    .build()
-                    .map_err(|error| ConnectionStringError::Tls(error.to_string()))?;
-                // With a root given, `prefer` and `require` verify as `verify-ca` does (libpq).
-                if mode == SslMode::VerifyFull {
-                    webpki
-                } else {
-                    Arc::new(AnyName(webpki))
-                }
+        if settings.root_cert.is_none() {
+            settings.root_cert = std::env::var_os("HOME")
+                .map(|home| Path::new(&home).join(".postgresql/root.crt"))
+                .filter(|default| default.exists())
+                .map(|default| default.display().to_string());
+        }
+        let read_at = modification_times(&settings);
+        let connector = connector(&settings, mode)?;
+        Ok(Self {
+            settings: Arc::new(settings),
+            mode,
+            loaded: Arc::new(Mutex::new(Loaded { connector, read_at })),
+        })
+    }
+
+    /// The connector for the next connection, made again if a file changed since it was.
+    fn current(&self) -> MakeRustlsConnect {
+        let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = modification_times(&self.settings);
+        if now != loaded.read_at {
+            match connector(&self.settings, self.mode) {
+                Ok(connector) => loaded.connector = connector,
+                Err(error) => tracing::warn!(
+                    %error,
+                    "the database's TLS files changed but cannot be used; keeping those read before"
+                ),
             }
-            None if mode.verifies() => return Err(ConnectionStringError::NoRootCertificate(mode)),
-            None => Arc::new(AnyCertificate(provider.clone())),
-        };
-        let builder = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|error| ConnectionStringError::Tls(error.to_string()))?
-            .dangerous()
-            .with_custom_certificate_verifier(verifier);
-        let config = match (&settings.cert, &settings.key) {
-            (Some(cert), Some(key)) => builder
-                .with_client_auth_cert(load_certificates("sslcert", cert)?, load_key(key)?)
-                .map_err(|error| ConnectionStringError::Tls(error.to_string()))?,
-            (None, None) => builder.with_no_client_auth(),
-            (Some(_), None) => return Err(ConnectionStringError::HalfClientCertificate("sslcert")),
-            (None, Some(_)) => return Err(ConnectionStringError::HalfClientCertificate("sslkey")),
-        };
-        Ok(Self { connector: MakeRustlsConnect::new(config), mode, root_cert })
+            loaded.read_at = now;
+        }
+        loaded.connector.clone()
     }
 }
 
 impl fmt::Display for Tls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "sslmode={}", self.mode)?;
-        match &self.root_cert {
+        match &self.settings.root_cert {
             Some(root_cert) => write!(f, " sslrootcert={root_cert}"),
             None => Ok(()),
         }
@@ -92,8 +96,52 @@ where
     type Error = <MakeRustlsConnect as MakeTlsConnect<S>>::Error;
 
     fn make_tls_connect(&mut self, domain: &str) -> Result<Self::TlsConnect, Self::Error> {
-        self.connector.make_tls_connect(domain)
+        self.current().make_tls_connect(domain)
     }
+}
+
+fn modification_times(settings: &TlsSettings) -> Vec<Option<SystemTime>> {
+    let files = [&settings.root_cert, &settings.cert, &settings.key];
+    let files = files.into_iter().flatten().filter(|path| path.as_str() != SYSTEM_ROOTS);
+    files.map(|path| std::fs::metadata(path).and_then(|meta| meta.modified()).ok()).collect()
+}
+
+/// The rustls connector the settings call for, the files read now.
+fn connector(
+    settings: &TlsSettings,
+    mode: SslMode,
+) -> Result<MakeRustlsConnect, ConnectionStringError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier: Arc<dyn ServerCertVerifier> = match &settings.root_cert {
+        Some(root_cert) => {
+            let roots = Arc::new(load_roots(root_cert)?);
+            let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+                .build()
+                .map_err(|error| ConnectionStringError::Tls(error.to_string()))?;
+            // With a root given, `prefer` and `require` verify as `verify-ca` does (libpq).
+            if mode == SslMode::VerifyFull {
+                webpki
+            } else {
+                Arc::new(AnyName(webpki))
+            }
+        }
+        None if mode.verifies() => return Err(ConnectionStringError::NoRootCertificate(mode)),
+        None => Arc::new(AnyCertificate(provider.clone())),
+    };
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|error| ConnectionStringError::Tls(error.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    let config = match (&settings.cert, &settings.key) {
+        (Some(cert), Some(key)) => builder
+            .with_client_auth_cert(load_certificates("sslcert", cert)?, load_key(key)?)
+            .map_err(|error| ConnectionStringError::Tls(error.to_string()))?,
+        (None, None) => builder.with_no_client_auth(),
+        (Some(_), None) => return Err(ConnectionStringError::HalfClientCertificate("sslcert")),
+        (None, Some(_)) => return Err(ConnectionStringError::HalfClientCertificate("sslkey")),
+    };
+    Ok(MakeRustlsConnect::new(config))
 }
 
 fn load_roots(root_cert: &str) -> Result<RootCertStore, ConnectionStringError> {

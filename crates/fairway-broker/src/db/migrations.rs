@@ -5,7 +5,7 @@
 use deadpool_postgres::Pool;
 use sha2::{Digest, Sha256};
 
-use super::{functions, DbError};
+use super::{describe_pool_error, functions, DbError};
 
 mod embedded {
     refinery::embed_migrations!("../../migrations");
@@ -26,7 +26,7 @@ const HISTORY_TABLE: &str = "fairway_schema_history";
 /// rather than exit and be restarted over and over while a failover runs.
 pub async fn run(pool: &Pool) -> Result<(), DbError> {
     let mut client =
-        pool.get().await.map_err(|error| DbError::Pool(fairway_pg::describe(&error)))?;
+        pool.get().await.map_err(|error| DbError::Pool(describe_pool_error(&error)))?;
     let state = super::sql::fetch_one(&client, &super::sql::ServerState {}).await?;
     if state.in_recovery {
         tracing::warn!(

@@ -7,7 +7,17 @@ pub mod pool;
 pub mod sql;
 mod statements;
 
+use deadpool_postgres::PoolError;
 use thiserror::Error;
+
+/// Why the pool handed out no connection: for one it could not make, the driver's error alone,
+/// since the pool's wrapper adds only "Error occurred while creating a new object".
+pub fn describe_pool_error(error: &PoolError) -> String {
+    match error {
+        PoolError::Backend(error) => fairway_pg::describe(error),
+        other => fairway_pg::describe(other),
+    }
+}
 
 #[derive(Debug, Error)]
 pub enum DbError {
