@@ -103,6 +103,13 @@ fn the_wire_types_depend_on_nothing_in_the_workspace() {
 }
 
 #[test]
+fn the_connection_to_postgresql_depends_on_nothing_in_the_workspace() {
+    let graph = graph();
+    let workspace: Vec<&str> = graph.direct.keys().map(String::as_str).collect();
+    assert_none("fairway-pg", &graph.reachable["fairway-pg"], &workspace);
+}
+
+#[test]
 fn the_broker_knows_neither_http_nor_the_command_line() {
     let graph = graph();
     let broker = &graph.reachable["fairway-broker"];
