@@ -2,6 +2,8 @@
 //! against a live broker.
 
 use std::process::{Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fairway_server::config::ServeArgs;
@@ -582,4 +584,127 @@ async fn the_worker_hands_its_command_the_traceparent_of_the_items_job() {
             .expect("the item");
         assert_eq!(row.get::<_, Value>(0), json!([expected]), "job {job}");
     }
+}
+
+/// A stand-in for a broker that answers every request 503 with `Retry-After: 1`, counting the
+/// work requests it gets.
+async fn unavailable_broker() -> (String, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = format!("http://{}", listener.local_addr().expect("address"));
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counter = asked.clone();
+    tokio::spawn(async move {
+        while let Ok((mut connection, _)) = listener.accept().await {
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let mut request = vec![0; 4096];
+                let read = connection.read(&mut request).await.unwrap_or(0);
+                if request[..read].starts_with(b"GET /work") {
+                    counter.fetch_add(1, AtomicOrdering::SeqCst);
+                }
+                let body = r#"{"error":{"code":"shutting_down","message":"stopping"}}"#;
+                let answer = format!(
+                    "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: \
+                     application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = connection.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    (address, asked)
+}
+
+#[tokio::test]
+async fn a_worker_facing_a_broker_that_answers_only_503_asks_a_few_times_a_second() {
+    let (address, asked) = unavailable_broker().await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fairway"))
+        .env("FAIRWAY_URL", &address)
+        .env_remove("FAIRWAY_TOKEN")
+        .args(["worker", "--service", "svc", "--concurrency", "8", "--", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the worker");
+    let window = Duration::from_secs(4);
+    tokio::time::sleep(window).await;
+    let sent = asked.load(AtomicOrdering::SeqCst);
+    assert!(terminate(&mut child).await.success());
+    // Eight slots ask at once at first; after that, about one request per Retry-After.
+    assert!(sent >= 3, "the worker stopped asking: {sent}");
+    assert!(sent <= 8 + 5 * window.as_secs() as usize / 2, "{sent} work requests in {window:?}");
+}
+
+#[tokio::test]
+async fn workers_stopped_at_random_instants_strand_no_item_and_leave_their_shards() {
+    let app = spawn_app().await;
+    succeed(&app, &["admin", "tenants", "set", "acme", "--max-queriers", "2"]).await;
+    let items: Vec<Value> = (0..300).map(|n| json!({ "payload": { "n": n } })).collect();
+    let body = json!({
+        "user": "alice", "tenant": "acme", "steps": [{ "service": "work" }], "items": items,
+    });
+    app.submit(body).await;
+    // Each item takes a moment, so that signals land while items are held and claimed.
+    let script = r#"cat > /dev/null; sleep 0.05; echo '[]'"#;
+    let mut workers: Vec<Child> = (0..12)
+        .map(|_| {
+            fairway(&app)
+                .args(["worker", "--service", "work", "--concurrency", "2", "--wait", "5s"])
+                .args(["--", "sh", "-c", script])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("start a worker")
+        })
+        .collect();
+    // Every worker has asked for work, so is past its start-up (and its signal handlers).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let queriers: Value = app.get("/admin/queriers").await.json().await.expect("JSON");
+        if queriers["queriers"].as_array().is_some_and(|queriers| queriers.len() == 12) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the workers never all asked: {queriers}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut stopped = Vec::new();
+    for (n, worker) in workers.iter_mut().enumerate() {
+        // Spread over 1.2 s by a fixed, uneven step: claims, commands and reports are at
+        // every stage when the signals land.
+        tokio::time::sleep(Duration::from_millis(37 + (n as u64 * 53) % 91)).await;
+        let pid = nix::unistd::Pid::from_raw(worker.id().expect("running") as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        stopped.push(Instant::now());
+    }
+    for worker in &mut workers {
+        let exit = tokio::time::timeout(Duration::from_secs(20), worker.wait()).await;
+        assert!(exit.expect("the worker exits").expect("status").success());
+    }
+    let running: i64 = app
+        .db
+        .query_one("SELECT count(*) FROM work_items WHERE status = 'running'", &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(running, 0, "an item was left running by a clean stop");
+    // Within 2 s of the last signal no querier is active or holds a shard.
+    let deadline = stopped.last().copied().unwrap_or_else(Instant::now) + Duration::from_secs(2);
+    loop {
+        let queriers: Value = app.get("/admin/queriers").await.json().await.expect("JSON");
+        let lingering: Vec<&Value> = queriers["queriers"]
+            .as_array()
+            .expect("queriers")
+            .iter()
+            .filter(|querier| querier["state"] == "active" || querier["in_shards"] == true)
+            .collect();
+        if lingering.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "queriers still serving: {lingering:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    app.assert_consistent().await;
 }

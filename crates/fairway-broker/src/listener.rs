@@ -17,6 +17,9 @@ const WORK_READY: &str = "fairway_work_ready";
 /// with the job id as payload.
 const JOB_FINISHED: &str = "fairway_job_finished";
 
+/// The channel that `sql/notify_querier_shut_down.sql` notifies, with the querier as payload.
+const QUERIER_SHUT_DOWN: &str = "fairway_querier_shut_down";
+
 /// The longest pause between two attempts to reconnect.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
@@ -88,7 +91,11 @@ async fn listen(
             }
         }
     });
-    client.batch_execute(&format!("LISTEN {WORK_READY}; LISTEN {JOB_FINISHED}")).await?;
+    client
+        .batch_execute(&format!(
+            "LISTEN {WORK_READY}; LISTEN {JOB_FINISHED}; LISTEN {QUERIER_SHUT_DOWN}"
+        ))
+        .await?;
     *connected = true;
     let state = client.query_one(ServerState::SQL, &ServerState {}.params()).await?;
     let host: String = state.try_get("host")?;
@@ -96,10 +103,12 @@ async fn listen(
     signals.wake_all();
     while let Some(message) = messages.recv().await {
         if let AsyncMessage::Notification(notification) = message {
-            if notification.channel() == JOB_FINISHED {
-                signals.job_finished(notification.payload());
-            } else {
-                signals.work_ready(notification.payload());
+            match notification.channel() {
+                JOB_FINISHED => signals.job_finished(notification.payload()),
+                // The querier's polls are not told apart: each one woken looks again, and
+                // only the shut-down querier's get 410.
+                QUERIER_SHUT_DOWN => signals.wake_polls(),
+                _ => signals.work_ready(notification.payload()),
             }
         }
     }

@@ -106,10 +106,7 @@ impl WorkSignals {
 
     /// Wakes every waiter: used when notifications may have been missed (a lost connection).
     pub fn wake_all(&self) {
-        let services = self.services.lock().unwrap_or_else(PoisonError::into_inner);
-        for signal in services.values() {
-            signal.ready.notify_waiters();
-        }
+        self.wake_polls();
         let jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
         for signal in jobs.values() {
             signal.finished.notify_waiters();
@@ -133,6 +130,14 @@ impl WorkSignals {
     }
 
     /// Wakes whoever waits for the job whose id is `job_id` (as a notification carries it).
+    /// Wakes every long poll waiting for work, whatever its service.
+    pub fn wake_polls(&self) {
+        let services = self.services.lock().unwrap_or_else(PoisonError::into_inner);
+        for signal in services.values() {
+            signal.ready.notify_waiters();
+        }
+    }
+
     pub fn job_finished(&self, job_id: &str) {
         let Ok(job_id) = job_id.parse().map(JobId) else {
             tracing::warn!(job_id, "a job-finished notification names no job id");

@@ -8,8 +8,8 @@ use deadpool_postgres::GenericClient;
 use crate::core::Core;
 use crate::db::sql::{
     self, JoinQuerier, ListQueriers, ListTenants, LockIdleTenantQueues, LockMembership,
-    RecountTenantRunning, ReshardTenants, RetireQueriers, RetireTenantQueues, ShutDownQuerier,
-    TouchQuerier, UpsertTenant,
+    NotifyQuerierShutDown, RecountTenantRunning, ReshardTenants, RetireQueriers,
+    RetireTenantQueues, ShutDownQuerier, TouchQuerier, UpsertTenant,
 };
 use crate::BrokerError;
 use fairway_api::model::{QuerierName, TenantName};
@@ -70,6 +70,7 @@ impl Tenancy {
                 ),
             ));
         }
+        sql::run(&tx, &NotifyQuerierShutDown { querier: querier.as_str() }).await?;
         let changed = retire(&tx, self.forget_after_millis()).await?;
         commit_membership_change(tx, changed).await
     }

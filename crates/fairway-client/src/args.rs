@@ -249,8 +249,10 @@ pub struct WorkerArgs {
     pub service: String,
 
     /// The querier (pod) name this worker asks as; tenant shards are drawn over queriers.
+    /// Default: the host name and the process id, so that each worker process is its own
+    /// querier and a restart is a new one.
     #[arg(long, env = "FAIRWAY_WORKER_QUERIER")]
-    pub querier: String,
+    pub querier: Option<String>,
 
     /// Items worked on at once, each by its own run of COMMAND.
     #[arg(long, env = "FAIRWAY_WORKER_CONCURRENCY", default_value_t = 1,

@@ -23,9 +23,10 @@ use fairway_api::tokens::TokenDocument;
 
 #[derive(Debug, Error)]
 pub enum ClientError {
-    /// The broker answered with its JSON error.
+    /// The broker answered with its JSON error, and with how long to wait before asking again
+    /// when it said (Retry-After, on a 503 or 429).
     #[error("{message} ({status}, {code})")]
-    Api { status: StatusCode, code: String, message: String },
+    Api { status: StatusCode, code: String, message: String, retry_after: Option<Duration> },
     /// The broker could not be reached, or its answer could not be read.
     #[error("{}", transport_message(.0))]
     Transport(#[from] reqwest::Error),
@@ -89,6 +90,14 @@ impl ClientError {
             Self::Api { status, .. } | Self::Unexpected { status, .. } => status.is_server_error(),
             Self::Transport(_) => !self.is_untrusted_certificate(),
             Self::CaCert { .. } => false,
+        }
+    }
+
+    /// How long the broker asked to be left alone, if it did.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Api { retry_after, .. } => *retry_after,
+            _ => None,
         }
     }
 
@@ -402,6 +411,13 @@ impl Client {
         Ok(Claimed { items, unknown_service: false })
     }
 
+    /// Says that `querier` is leaving: its waiting work requests end (410), it gets no more
+    /// work, and it leaves its tenants' shards once it holds no lease.
+    pub async fn shut_down_querier(&self, querier: &str) -> Result<(), ClientError> {
+        let path = format!("/queriers/{querier}/shutdown");
+        decode::<Value>(self.request(Method::POST, &path).send().await?).await.map(|_| ())
+    }
+
     pub async fn report(&self, item: i64, report: &Report) -> Result<ReportAnswer, ClientError> {
         let path = format!("/work/{item}/status");
         decode(self.request(Method::POST, &path).json(report).send().await?).await
@@ -484,6 +500,12 @@ impl Client {
 /// The document a successful answer holds, or the broker's error.
 async fn decode<T: DeserializeOwned>(response: Response) -> Result<T, ClientError> {
     let status = response.status();
+    // Seconds only: the broker never sends an HTTP date.
+    let retry_after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|value| value.to_str().ok()?.trim().parse().ok())
+        .map(Duration::from_secs);
     let body = response.bytes().await?;
     if status.is_success() {
         return serde_json::from_slice(&body).map_err(|_| ClientError::Unexpected {
@@ -493,7 +515,7 @@ async fn decode<T: DeserializeOwned>(response: Response) -> Result<T, ClientErro
     }
     match serde_json::from_slice::<ErrorBody>(&body) {
         Ok(ErrorBody { error }) => {
-            Err(ClientError::Api { status, code: error.code, message: error.message })
+            Err(ClientError::Api { status, code: error.code, message: error.message, retry_after })
         }
         Err(_) => Err(ClientError::Unexpected {
             status,

@@ -52,9 +52,10 @@ pub struct ServeArgs {
     #[arg(long, env = "FAIRWAY_QUERIER_FORGET_DELAY", default_value = "1m", value_parser = humantime::parse_duration)]
     pub querier_forget_delay: Duration,
 
-    /// How long the broker takes to stop on SIGTERM or SIGINT, at most. It answers 503 on
-    /// /readyz and 204 to waiting long polls at once, starts no claim, lets the transactions in
-    /// flight commit and answer, then exits; what is still running after this long is cut off.
+    /// How long the requests in flight may take once the broker is told to stop (SIGTERM or
+    /// SIGINT). It answers 503 on /readyz, and 503 with Retry-After to waiting long polls and
+    /// new claims, at once; lets the claims and reports in flight commit and answer; then exits.
+    /// What is still running after this long is cut off.
     #[arg(long, env = "FAIRWAY_SHUTDOWN_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
 

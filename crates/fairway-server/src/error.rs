@@ -154,8 +154,9 @@ impl ResponseError for ApiError {
         if let Self::Broker(BrokerError::Contended { .. }) = self {
             response.insert_header((header::RETRY_AFTER, CONTENDED_RETRY_AFTER_SECONDS));
         }
-        // A database away (a restart, a failover to the standby) is back within seconds.
-        if let Self::Broker(BrokerError::Unavailable(_)) = self {
+        // A database away (a restart, a failover to the standby) is back within seconds, and
+        // a stopping broker's clients reach another one on their next connection.
+        if let Self::Broker(BrokerError::Unavailable(_)) | Self::ShuttingDown = self {
             response.insert_header((header::RETRY_AFTER, UNAVAILABLE_RETRY_AFTER_SECONDS));
         }
         response.json(ErrorBody { error: ErrorDetail { code: self.code(), message } })

@@ -17,8 +17,8 @@ mod ui;
 mod workers;
 
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -96,20 +96,17 @@ pub fn configure(max_body_bytes: usize) -> impl FnOnce(&mut web::ServiceConfig) 
     }
 }
 
-/// Requests this server is answering, and how many it has started: a stopping broker waits
-/// for them to settle before it closes its listener.
+/// The requests this server is answering: a stopping broker waits for them to end before it
+/// closes its listener.
 #[derive(Default)]
 pub struct Traffic {
     in_flight: AtomicUsize,
-    started: AtomicU64,
 }
 
 impl Traffic {
-    /// Whether no request was in flight or started for `quiet`.
-    pub async fn settled(&self, quiet: Duration) -> bool {
-        let before = self.started.load(Ordering::SeqCst);
-        tokio::time::sleep(quiet).await;
-        self.in_flight.load(Ordering::SeqCst) == 0 && self.started.load(Ordering::SeqCst) == before
+    /// Requests being answered now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
     }
 }
 
@@ -144,7 +141,6 @@ pub async fn observe(
     let broker = request.app_data::<web::Data<Broker>>().cloned();
     let traffic = request.app_data::<web::Data<Traffic>>().cloned();
     let _in_flight = traffic.as_ref().map(|traffic| {
-        traffic.started.fetch_add(1, Ordering::SeqCst);
         traffic.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight(&traffic.in_flight)
     });

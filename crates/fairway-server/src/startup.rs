@@ -225,14 +225,15 @@ async fn refresh_auth(authenticator: Authenticator) {
     every(interval, "refreshing the token cache", || authenticator.refresh()).await
 }
 
-/// How long without a request a stopping broker waits for before it closes its listener.
-const QUIET: Duration = Duration::from_millis(250);
+/// How often a stopping broker looks whether its requests in flight have ended.
+const IN_FLIGHT_POLL: Duration = Duration::from_millis(5);
 
-/// Stops handing out work at once (/readyz answers 503, waiting long polls 204, no claim
-/// starts), keeps answering the rest until requests settle, then closes the listener and waits
-/// for the requests in flight, until `deadline` at the latest. Reports that end attempts are
-/// applied until the listener closes; one sent later is refused a connection, and the worker
-/// sends it to another broker.
+/// Stops handing out work at once (/readyz answers 503, waiting long polls and new claims 503
+/// with Retry-After, every answer closes its connection), waits for the requests in flight to
+/// end, the claims and reports among them, until `deadline` at the latest, then closes the
+/// listener and every connection. Idle keep-alive connections are not waited for: a worker's
+/// next request, refused a connection, goes to another broker, and a report cut off is sent
+/// again there (attempts make it safe).
 async fn stop_gracefully(
     broker: &Broker,
     traffic: &Traffic,
@@ -240,15 +241,18 @@ async fn stop_gracefully(
     deadline: Instant,
 ) {
     broker.drain();
-    // A quarter of the time, up to a second, is left for the requests in flight.
-    let left = deadline.saturating_duration_since(Instant::now());
-    let settle_by = deadline - (left / 4).min(Duration::from_secs(1));
-    while Instant::now() < settle_by && !traffic.settled(QUIET).await {}
-    tracing::info!("drained; closing the listener");
-    if tokio::time::timeout_at(deadline.into(), handle.stop(true)).await.is_err() {
-        tracing::warn!("requests still in flight at the shutdown timeout; cutting them off");
-        handle.stop(false).await;
+    while traffic.in_flight() > 0 {
+        if Instant::now() >= deadline {
+            tracing::warn!(
+                in_flight = traffic.in_flight(),
+                "requests still in flight at the shutdown timeout; cutting them off"
+            );
+            break;
+        }
+        tokio::time::sleep(IN_FLIGHT_POLL).await;
     }
+    tracing::info!("drained; closing the listener");
+    handle.stop(false).await;
 }
 
 /// The name of the first SIGTERM or SIGINT.

@@ -113,6 +113,12 @@ async fn get_work(
     };
     let items =
         broker.claims().claim_waiting(&request, Duration::from_secs(u64::from(query.wait))).await?;
+    // A stopping broker starts no claim and ends its long polls: a 503 with Retry-After (and
+    // the connection closed) sends the worker to another broker, where a 204 would have it ask
+    // this one again at once.
+    if items.is_empty() && broker.is_draining() {
+        return Err(ApiError::ShuttingDown);
+    }
     if items.is_empty() {
         let mut answer = HttpResponse::NoContent();
         // Workers may start before the first job, so a service no job has named still gets

@@ -607,6 +607,12 @@ statement! {
 }
 
 statement! {
+    NotifyQuerierShutDown<'a> = "notify_querier_shut_down" -> () {
+        querier: &'a str,
+    }
+}
+
+statement! {
     /// Forgets silent queriers and takes leaving ones out of their shards.
     RetireQueriers = "retire_queriers" -> Changed {
         forget_after_millis: i64,

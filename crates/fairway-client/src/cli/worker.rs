@@ -1,6 +1,8 @@
 //! `fairway worker`: long-polls for items of one service and runs a command per item, so that
-//! any executable becomes a fairway service. On SIGTERM or SIGINT it takes no more work,
-//! finishes what it holds, reports it, and exits.
+//! any executable becomes a fairway service. On SIGTERM or SIGINT it takes no more work, shuts
+//! its querier down (which ends its waiting work requests at the broker), finishes what it
+//! holds and what those requests still hand it, reports it all, and exits. A broker that
+//! cannot answer (503, 429, no connection) is asked again only after a pause that grows.
 //!
 //! A broken command must not fail the whole backlog: a command that cannot be started at all
 //! stops the worker (exit non-zero), and a command that fails on several items in a row makes
@@ -9,9 +11,10 @@
 
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder, Retryable};
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
@@ -25,11 +28,20 @@ use fairway_api::model::WorkItem;
 /// How much of a failed command's standard error goes into the item's error.
 const ERROR_TAIL_BYTES: usize = 2048;
 
-/// Pause after the broker could not be reached, before asking again.
-const RETRY_PAUSE: Duration = Duration::from_secs(1);
+/// The first pause after the broker could not answer; each failure in a row doubles it, with
+/// jitter, up to [`LONGEST_BACKOFF`]. A longer Retry-After from the broker is waited out whole.
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+const LONGEST_BACKOFF: Duration = Duration::from_secs(30);
 
-/// Tries of a report the broker did not answer, before the item is left to its lease.
-const REPORT_TRIES: u32 = 5;
+/// Retries of a report the broker did not answer, before the item is left to its lease.
+const REPORT_RETRIES: usize = 4;
+
+fn backoff() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(FIRST_BACKOFF)
+        .with_max_delay(LONGEST_BACKOFF)
+        .with_jitter()
+}
 
 /// Failures in a row, over every slot, after which the worker pauses before taking more work:
 /// one item failing is the item's problem, several in a row are likely the command's.
@@ -51,6 +63,18 @@ struct Shared {
     failures_in_a_row: AtomicU32,
     /// Whether the worker said that no job has named its service.
     warned_unknown_service: AtomicBool,
+    unavailable: Mutex<Unavailable>,
+    /// Held by the one slot that asks a failing broker whether it is back, so that a worker
+    /// facing a broker that answers nothing but errors sends one request per pause, whatever
+    /// its concurrency.
+    probe: tokio::sync::Mutex<()>,
+}
+
+/// When the broker may be asked again after it could not answer.
+struct Unavailable {
+    failing: bool,
+    until: tokio::time::Instant,
+    pauses: ExponentialBackoff,
 }
 
 impl Shared {
@@ -60,6 +84,32 @@ impl Shared {
             tracing::error!("stopping: {reason}");
         }
         self.stop.cancel();
+    }
+
+    /// Records that the broker could not answer a request; returns the pause before the next.
+    /// Failures of requests sent before the pause began do not lengthen it.
+    fn broker_failed(&self, retry_after: Option<Duration>) -> Duration {
+        let mut unavailable = self.unavailable.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = tokio::time::Instant::now();
+        unavailable.failing = true;
+        if now >= unavailable.until {
+            let pause = unavailable.pauses.next().unwrap_or(LONGEST_BACKOFF);
+            unavailable.until = now + pause.max(retry_after.unwrap_or_default());
+        }
+        unavailable.until - now
+    }
+
+    /// The broker answered: the next failure starts from the shortest pause.
+    fn broker_answered(&self) {
+        let mut unavailable = self.unavailable.lock().unwrap_or_else(PoisonError::into_inner);
+        unavailable.failing = false;
+        unavailable.pauses = backoff().without_max_times().build();
+    }
+
+    /// Whether the last request failed, and when the broker may be asked again.
+    fn broker_state(&self) -> (bool, tokio::time::Instant) {
+        let unavailable = self.unavailable.lock().unwrap_or_else(PoisonError::into_inner);
+        (unavailable.failing, unavailable.until)
     }
 
     /// How long to wait before taking work, after the command's failures in a row.
@@ -75,21 +125,44 @@ pub async fn run(args: WorkerArgs) -> Result<(), CliError> {
         return Err(CliError::Input("--wait must be at most 60s".to_owned()));
     }
     let client = client(&args.broker)?;
+    let querier = args.querier.clone().unwrap_or_else(default_querier);
     let shared = Arc::new(Shared {
         stop: CancellationToken::new(),
         fatal: OnceLock::new(),
         failures_in_a_row: AtomicU32::new(0),
         warned_unknown_service: AtomicBool::new(false),
+        unavailable: Mutex::new(Unavailable {
+            failing: false,
+            until: tokio::time::Instant::now(),
+            pauses: backoff().without_max_times().build(),
+        }),
+        probe: tokio::sync::Mutex::new(()),
     });
+    tracing::info!(
+        service = args.service,
+        querier,
+        broker = args.broker.url,
+        concurrency = args.concurrency,
+        "worker started"
+    );
     tokio::spawn(stop_on_signal(shared.stop.clone()));
+    let leave = tokio::spawn(leave_when_stopped(client.clone(), querier.clone(), shared.clone()));
     let slots: Vec<_> = (0..args.concurrency)
-        .map(|slot| tokio::spawn(work_slot(client.clone(), args.clone(), slot, shared.clone())))
+        .map(|slot| {
+            let slot =
+                work_slot(client.clone(), args.clone(), querier.clone(), slot, shared.clone());
+            tokio::spawn(slot)
+        })
         .collect();
     for slot in slots {
         // A slot's panic is a bug; the others still finish what they hold.
         if let Err(error) = slot.await {
             tracing::error!(%error, "a worker slot stopped unexpectedly");
         }
+    }
+    // Every slot stopped, so the stop came (a signal, or a reason to halt).
+    if let Err(error) = leave.await {
+        tracing::error!(%error, "shutting the querier down stopped unexpectedly");
     }
     tracing::info!("stopped: every item taken was reported");
     match shared.fatal.get() {
@@ -115,14 +188,48 @@ async fn stop_on_signal(stop: CancellationToken) {
     stop.cancel();
 }
 
-/// One slot: claims an item, works it, reports it, until told to stop. A long poll under way
-/// when the stop comes is abandoned; an item the broker leased for it meanwhile goes back to
-/// the queue when that lease expires.
-async fn work_slot(client: Client, args: WorkerArgs, slot: u32, shared: Arc<Shared>) {
+/// The querier a worker asks as unless told: the host name (in Kubernetes, the pod's) and the
+/// process id, as the Python worker's, so that each worker process is a querier of its own.
+fn default_querier() -> String {
+    let host = nix::unistd::gethostname().ok().and_then(|host| host.into_string().ok());
+    format!("{}-{}", host.as_deref().unwrap_or("worker"), std::process::id())
+}
+
+/// Once the worker stops, says that its querier is leaving: the broker ends the querier's
+/// waiting work requests (their slots then see 410), hands it no more work, and takes it out
+/// of its tenants' shards once it holds no lease, so that no shard waits on a process gone.
+async fn leave_when_stopped(client: Client, querier: String, shared: Arc<Shared>) {
+    shared.stop.cancelled().await;
+    let left = (|| client.shut_down_querier(&querier))
+        .retry(backoff().with_max_times(REPORT_RETRIES))
+        .when(ClientError::is_transient)
+        .await;
+    match left {
+        Ok(()) => tracing::info!(querier, "querier shut down"),
+        // Never seen by the broker (no work request got through): nothing to leave.
+        Err(ClientError::Api { status, .. }) if status == reqwest::StatusCode::NOT_FOUND => {}
+        Err(error) => tracing::warn!(
+            querier,
+            %error,
+            "cannot shut the querier down; the broker forgets it after its forget delay"
+        ),
+    }
+}
+
+/// One slot: claims an item, works it, reports it, until told to stop. A work request under
+/// way when the stop comes is not abandoned, since the broker may have leased an item for it
+/// already: the querier's shutdown ends it, and whatever it brings is worked and reported.
+async fn work_slot(
+    client: Client,
+    args: WorkerArgs,
+    querier: String,
+    slot: u32,
+    shared: Arc<Shared>,
+) {
     let stop = &shared.stop;
     let params = ClaimParams {
         service: &args.service,
-        querier: &args.querier,
+        querier: &querier,
         worker: slot % 1024,
         max: 1,
         wait: args.wait,
@@ -134,12 +241,24 @@ async fn work_slot(client: Client, args: WorkerArgs, slot: u32, shared: Arc<Shar
                 _ = tokio::time::sleep(pause) => {}
             }
         }
-        let claimed = tokio::select! {
-            _ = stop.cancelled() => break,
-            claimed = client.claim_answer(&params) => claimed,
+        let (failing, _) = shared.broker_state();
+        let probe = match failing {
+            true => tokio::select! {
+                _ = stop.cancelled() => break,
+                probe = shared.probe.lock() => Some(probe),
+            },
+            false => None,
         };
+        let (_, available_at) = shared.broker_state();
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep_until(available_at) => {}
+        }
+        let claimed = client.claim_answer(&params).await;
+        drop(probe);
         match claimed {
             Ok(claimed) => {
+                shared.broker_answered();
                 if claimed.unknown_service
                     && !shared.warned_unknown_service.swap(true, Ordering::Relaxed)
                 {
@@ -153,12 +272,17 @@ async fn work_slot(client: Client, args: WorkerArgs, slot: u32, shared: Arc<Shar
                     work(&client, &args, item, &shared).await;
                 }
             }
-            Err(ClientError::Api { status, code, message })
+            // The worker's own shutdown, ending this request.
+            Err(ClientError::Api { status, .. })
+                if status == reqwest::StatusCode::GONE && stop.is_cancelled() =>
+            {
+                break
+            }
+            Err(ClientError::Api { status, code, message, .. })
                 if status == reqwest::StatusCode::GONE =>
             {
                 shared.halt(format!(
-                    "the broker shut querier {} down: {message} ({status}, {code})",
-                    args.querier
+                    "the broker shut querier {querier} down: {message} ({status}, {code})"
                 ));
                 break;
             }
@@ -167,11 +291,8 @@ async fn work_slot(client: Client, args: WorkerArgs, slot: u32, shared: Arc<Shar
                 break;
             }
             Err(error) => {
-                tracing::warn!(%error, "asking for work failed");
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = tokio::time::sleep(RETRY_PAUSE) => {}
-                }
+                let pause = shared.broker_failed(error.retry_after());
+                tracing::warn!(%error, ?pause, "asking for work failed; asking again after a pause");
             }
         }
     }
@@ -196,30 +317,32 @@ async fn work(client: &Client, args: &WorkerArgs, item: WorkItem, shared: &Share
             return;
         }
     };
-    for try_number in 1..=REPORT_TRIES {
-        match client.report(id, &report).await {
-            Ok(answer) => {
-                note_outcome(shared, &report);
-                match &report {
-                    Report::Failed { error, .. } => tracing::warn!(
-                        item = id,
-                        attempt,
-                        status = ?answer.status,
-                        error = error.as_deref().unwrap_or(""),
-                        "reported a failure"
-                    ),
-                    _ => tracing::info!(item = id, attempt, status = ?answer.status, "reported"),
-                }
-                return;
+    let sent = (|| client.report(id, &report))
+        .retry(backoff().with_max_times(REPORT_RETRIES))
+        .when(ClientError::is_transient)
+        .adjust(|error, pause| {
+            pause.map(|pause| pause.max(error.retry_after().unwrap_or_default()))
+        })
+        .notify(|error, pause| {
+            tracing::warn!(item = id, %error, ?pause, "report failed; sending it again");
+        })
+        .await;
+    match sent {
+        Ok(answer) => {
+            note_outcome(shared, &report);
+            match &report {
+                Report::Failed { error, .. } => tracing::warn!(
+                    item = id,
+                    attempt,
+                    status = ?answer.status,
+                    error = error.as_deref().unwrap_or(""),
+                    "reported a failure"
+                ),
+                _ => tracing::info!(item = id, attempt, status = ?answer.status, "reported"),
             }
-            Err(error) if error.is_transient() && try_number < REPORT_TRIES => {
-                tracing::warn!(item = id, %error, "report failed; trying again");
-                tokio::time::sleep(RETRY_PAUSE * try_number).await;
-            }
-            Err(error) => {
-                tracing::error!(item = id, %error, "report refused; the lease will return the item");
-                return;
-            }
+        }
+        Err(error) => {
+            tracing::error!(item = id, %error, "report refused; the lease will return the item");
         }
     }
 }
