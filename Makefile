@@ -1,5 +1,6 @@
-# fairway's entry points. `make run` and `make test` need only Rust and the PostgreSQL server
-# binaries (Debian/Ubuntu: apt-get install postgresql); nothing has to be running.
+# fairway's entry points. `make run` needs only Rust and the PostgreSQL server binaries; `make
+# test` also a headless Chromium, python3-venv and openssl (the README's Debian line, checked by
+# tests/requirements.sh). Nothing has to be running.
 
 CARGO ?= cargo
 # The throwaway cluster `make test` starts when DATABASE_URL is not set.
@@ -19,7 +20,7 @@ TEST_TOOLS = FAIRWAY_TEST_PYTHON=$(abspath $(PYTOOLS))/bin/python FAIRWAY_TEST_K
 # Test-only code the tests compile in: crates/fairway-broker/src/faults.rs.
 TEST_FEATURES := --features fairway/fault-injection
 
-.PHONY: run test lint bench bench-quick bench-scale demo k8s-validate chaos soak
+.PHONY: run test requirements lint bench bench-quick bench-scale demo k8s-validate chaos soak
 
 ## Build and start the broker on 127.0.0.1:8080, on its private PostgreSQL unless DATABASE_URL is set.
 run:
@@ -30,16 +31,15 @@ run:
 ## `make bench` and release builds never do.
 ## Then the Python client's tests (clients/python), with that binary's brokers on a PostgreSQL
 ## of their own, in a virtualenv under target/.
+## What the tests need is checked first (tests/requirements.sh), and a failing test binary does
+## not stop the others (--no-fail-fast).
 test: export FAIRWAY_REQUIRE_TOOLS = 1
-test: $(PYTOOLS_READY) $(KUBECTL)
-	@for tool in /usr/bin/chromium /usr/bin/chromedriver; do test -x $$tool || echo \
-		"NOTE: $$tool is missing, so the dashboard's browser tests will fail (Debian: apt-get install chromium chromium-driver)"; \
-	done
+test: requirements $(PYTOOLS_READY) $(KUBECTL)
 ifdef DATABASE_URL
-	$(TEST_TOOLS) $(CARGO) test --workspace --all-targets $(TEST_FEATURES)
+	$(TEST_TOOLS) $(CARGO) test --no-fail-fast --workspace --all-targets $(TEST_FEATURES)
 else
 	$(CARGO) build --bin fairway
-	$(TEST_TOOLS) ./target/debug/fairway postgres --data-dir $(TEST_PG_DATA) --ephemeral -- $(CARGO) test --workspace --all-targets $(TEST_FEATURES)
+	$(TEST_TOOLS) ./target/debug/fairway postgres --data-dir $(TEST_PG_DATA) --ephemeral -- $(CARGO) test --no-fail-fast --workspace --all-targets $(TEST_FEATURES)
 endif
 	FAIRWAY_BIN=target/debug/fairway clients/python/run-tests.sh test
 
@@ -48,6 +48,9 @@ k8s-validate: $(PYTOOLS_READY) $(KUBECTL)
 	for dir in overlays/dev overlays/production autoscaling/hpa; do \
 		$(PYTOOLS)/bin/python tests/validate_manifests.py $(KUBECTL) k8s/$$dir >/dev/null || exit 1; \
 	done
+
+requirements:
+	@tests/requirements.sh
 
 $(PYTOOLS_READY): tests/requirements.txt
 	python3 -m venv $(PYTOOLS)
