@@ -169,7 +169,10 @@ fn subscriber(
         LogFormat::Text => logs.boxed(),
         LogFormat::Json => logs.json().flatten_event(true).with_current_span(false).boxed(),
     };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // By default without the driver's relayed server notices (a migration table that already
+    // exists) and the migration library's own lines, which the broker logs once itself.
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,tokio_postgres=warn,refinery_core=warn"));
     let filter = filter.add_directive(
         format!("{}=off", fairway_broker::traces::TARGET).parse().expect("a valid directive"),
     );

@@ -129,7 +129,7 @@ async fn admin_retries_a_jobs_failed_items() {
     let id = job.to_string();
 
     let table = succeed(&app, &["admin", "jobs", "retry", &id]).await;
-    assert!(table.contains("retried 1 items") && table.contains("running"), "{table}");
+    assert!(table.contains("retried 1 item\n") && table.contains("running"), "{table}");
     let item = app.claim("svc").await.expect("the retried item");
     assert_eq!(item["attempt"], 2);
     let failure = json!({ "status": "failed", "attempt": 2, "retryable": false });
@@ -155,9 +155,19 @@ async fn admin_applies_a_bulk_action_to_the_jobs_a_filter_matches() {
     let counted =
         succeed(&app, &["admin", "jobs", "bulk", "cancel", "--service", "svc", "--dry-run"]).await;
     assert!(counted.contains("matches 2 jobs; a dry run changes none"), "{counted}");
+    // One job is one job, and `FAIRWAY_TOKEN=` (set but empty) sends no token.
+    let one = fairway(&app)
+        .env("FAIRWAY_TOKEN", "")
+        .args(["admin", "jobs", "bulk", "pause", "--user", "alice", "--dry-run"])
+        .output()
+        .await
+        .expect("run fairway");
+    let said = String::from_utf8_lossy(&one.stdout);
+    assert!(one.status.success(), "{}", String::from_utf8_lossy(&one.stderr));
+    assert!(said.contains("matches 1 job;"), "{said}");
     assert_eq!(app.fingerprint().await, before, "a dry run changes nothing");
     let table = succeed(&app, &["admin", "jobs", "bulk", "pause", "--user", "alice"]).await;
-    assert!(table.contains("matched 1 jobs, changed 1"), "{table}");
+    assert!(table.contains("matched 1 job, changed 1"), "{table}");
     assert_eq!(app.job(alice).await["status"], "paused");
     assert_eq!(app.job(bob).await["status"], "accepted");
     let args = ["admin", "--json", "jobs", "bulk", "cancel", "--status", "accepted"];

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 use tokio_postgres::config::Host;
 
-use crate::helpers::{fresh_database, spawn_broker};
+use crate::helpers::{empty_database, fresh_database, spawn_broker};
 
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 const WORKERS: usize = 12;
@@ -185,13 +185,17 @@ async fn sigterm_drains_a_broker_under_load() {
     let signalled = Instant::now();
     kill(pid, Signal::SIGTERM).expect("SIGTERM");
     loop {
-        let ready = http.get(format!("{base}/readyz")).send().await.expect("readyz while draining");
-        if ready.status() == StatusCode::SERVICE_UNAVAILABLE {
-            load.draining.store(true, Ordering::SeqCst);
-            break;
+        match http.get(format!("{base}/readyz")).send().await {
+            Ok(ready) if ready.status() == StatusCode::SERVICE_UNAVAILABLE => break,
+            // Already past its requests in flight, and closing.
+            Err(_) => break,
+            Ok(ready) => {
+                let status = ready.status();
+                assert!(signalled.elapsed() < Duration::from_secs(1), "/readyz still {status}");
+            }
         }
-        assert!(signalled.elapsed() < Duration::from_secs(1), "/readyz still {}", ready.status());
     }
+    load.draining.store(true, Ordering::SeqCst);
     // Waiting long polls end at once, told to go elsewhere and wait, not to ask again here.
     for poll in idle {
         let (status, retry_after, answered) = poll.await.expect("long poll");
@@ -286,4 +290,43 @@ async fn each_request_logs_a_json_line_with_its_request_id_at_debug() {
         .find(|message| message.starts_with("fairway is serving"))
         .expect("the serving line");
     assert!(message.contains(&format!("{base}/ui/")) && message.contains("/docs/"), "{message}");
+}
+
+/// The JSON log lines a broker process wrote until SIGTERM stopped it.
+async fn logs_until_stopped(child: Child) -> Vec<Value> {
+    let pid = Pid::from_raw(i32::try_from(child.id().expect("pid")).expect("pid fits"));
+    kill(pid, Signal::SIGTERM).expect("SIGTERM");
+    let output = tokio::time::timeout(SHUTDOWN_TIMEOUT, child.wait_with_output())
+        .await
+        .expect("exits")
+        .expect("output");
+    let logs = String::from_utf8(output.stdout).expect("UTF-8 logs");
+    logs.lines().map(|line| serde_json::from_str(line).expect("a JSON line")).collect()
+}
+
+#[tokio::test]
+async fn a_healthy_start_and_stop_log_no_warning_and_each_migration_once() {
+    let config = empty_database().await;
+    let (first, _) = broker_process(&config, Stdio::piped()).await;
+    // A second broker finds the schema made: nothing of it is news.
+    let (second, _) = broker_process(&config, Stdio::piped()).await;
+    let (first, second) = (logs_until_stopped(first).await, logs_until_stopped(second).await);
+    for lines in [&first, &second] {
+        let loud: Vec<&Value> = lines
+            .iter()
+            .filter(|line| line["level"] == "WARN" || line["level"] == "ERROR")
+            .collect();
+        assert!(loud.is_empty(), "a healthy start and stop warned: {loud:?}");
+        let notices = lines.iter().filter(|line| line.to_string().contains("NOTICE")).count();
+        assert_eq!(notices, 0, "a server notice reached the log: {lines:?}");
+    }
+    let mut applied: Vec<&str> = first
+        .iter()
+        .filter(|line| line["message"] == "applied migration")
+        .filter_map(|line| line["migration"].as_str())
+        .collect();
+    let logged = applied.len();
+    applied.dedup();
+    assert!(logged > 0 && logged == applied.len(), "each migration once: {first:?}");
+    assert!(second.iter().all(|line| line["message"] != "applied migration"));
 }

@@ -270,3 +270,15 @@ async fn bad_listing_and_waiting_parameters_are_refused_naming_the_parameter() {
     let response = app.get("/jobs/not-a-uuid/results").await;
     assert_refused(&app, response, 400, "invalid_path", &before).await;
 }
+
+#[tokio::test]
+async fn a_malformed_body_is_described_in_json_terms_not_rust_types() {
+    let app = spawn_app().await;
+    let body = json!({ "user": "alice", "steps": ["svc"], "items": [{}] });
+    let response = app.post("/jobs", &body).await;
+    assert_eq!(response.status(), 400);
+    let error: Value = response.json().await.expect("JSON");
+    let message = error["error"]["message"].as_str().expect("a message");
+    assert!(message.contains("expected a JSON object"), "{message}");
+    assert!(!message.contains("StepBody"), "{message}");
+}

@@ -14,7 +14,7 @@ pub struct BrokerAddress {
     #[arg(long, env = "FAIRWAY_URL", default_value = "http://127.0.0.1:8080")]
     pub url: String,
 
-    /// Bearer token sent with every request.
+    /// Bearer token sent with every request. An empty one is none.
     #[arg(long, env = "FAIRWAY_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
 

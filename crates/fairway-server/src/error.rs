@@ -181,15 +181,34 @@ pub fn json_error(limit: usize) -> impl Fn(JsonPayloadError, &HttpRequest) -> ac
             JsonPayloadError::Deserialize(error) if error.is_eof() && error.column() == 0 => {
                 empty_body()
             }
-            JsonPayloadError::Deserialize(error) => {
-                ApiError::bad_request("invalid_body", format!("invalid request body: {error}"))
-            }
+            JsonPayloadError::Deserialize(error) => invalid_body(&error),
             other => {
                 ApiError::bad_request("invalid_body", format!("invalid request body: {other}"))
             }
         };
         api_error.into()
     }
+}
+
+/// A body that is JSON but not what the route takes.
+pub fn invalid_body(error: &serde_json::Error) -> ApiError {
+    let message = without_type_names(&error.to_string());
+    ApiError::bad_request("invalid_body", format!("invalid request body: {message}"))
+}
+
+/// serde's message with the Rust type it expected said as the JSON it wants: a client knows
+/// no `StepBody`.
+fn without_type_names(message: &str) -> String {
+    let mut plain = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("expected struct ") {
+        plain.push_str(&rest[..at]);
+        plain.push_str("expected a JSON object");
+        rest = &rest[at + "expected struct ".len()..];
+        rest = rest.trim_start_matches(|c: char| c.is_alphanumeric() || c == '_');
+    }
+    plain.push_str(rest);
+    plain
 }
 
 fn has_body(request: &HttpRequest) -> bool {
@@ -207,4 +226,18 @@ fn empty_body() -> ApiError {
 
 pub fn path_error(error: PathError, _: &HttpRequest) -> actix_web::Error {
     ApiError::bad_request("invalid_path", format!("invalid path: {error}")).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_type_names;
+
+    #[test]
+    fn a_body_error_names_json_not_rust_types() {
+        assert_eq!(
+            without_type_names(r#"invalid type: string "x", expected struct StepBody at line 1"#),
+            r#"invalid type: string "x", expected a JSON object at line 1"#
+        );
+        assert_eq!(without_type_names("missing field `user`"), "missing field `user`");
+    }
 }

@@ -248,9 +248,7 @@ async fn submit_job(
     let traceparent = traceparent(&request)?;
     let body = body.into_inner();
     let mut job = serde_json::from_value::<JobBody>(body.clone())
-        .map_err(|error| {
-            ApiError::bad_request("invalid_body", format!("invalid request body: {error}"))
-        })?
+        .map_err(|error| crate::error::invalid_body(&error))?
         .validate()?;
     job.traceparent = traceparent;
     check_tenant(&principal, job.tenant.as_str())?;

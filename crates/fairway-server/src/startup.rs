@@ -368,6 +368,10 @@ async fn watch_database(broker: Broker) {
             continue;
         }
         match (&state, error) {
+            // A primary at start-up is the healthy case; after a failover, news.
+            (DatabaseState::Reached { host, writable: true }, _) if last.is_none() => {
+                tracing::info!(host, writable = true, "database server reached: a primary")
+            }
             (DatabaseState::Reached { host, writable: true }, _) => {
                 tracing::warn!(host, writable = true, "database server reached: a primary")
             }

@@ -51,10 +51,11 @@ async fn run_command(args: AdminArgs) -> Result<(), CliError> {
                     if print.json {
                         return print.json(&answer);
                     }
+                    let matched = counted(answer.matched, "job");
                     if dry_run {
-                        println!("matches {} jobs; a dry run changes none", answer.matched);
+                        println!("matches {matched}; a dry run changes none");
                     } else {
-                        println!("matched {} jobs, changed {}", answer.matched, answer.changed);
+                        println!("matched {matched}, changed {}", answer.changed);
                     }
                     return Ok(());
                 }
@@ -73,7 +74,7 @@ async fn run_command(args: AdminArgs) -> Result<(), CliError> {
                     if print.json {
                         return print.json(&retried);
                     }
-                    println!("retried {} items", retried.retried);
+                    println!("retried {}", counted(retried.retried, "item"));
                     retried.job
                 }
             };
@@ -369,4 +370,10 @@ fn tokens_table(tokens: &[TokenDocument]) -> Table {
         ]);
     }
     table
+}
+
+/// "1 job", "2 jobs".
+fn counted(count: impl Into<i128> + Copy, noun: &str) -> String {
+    let count: i128 = count.into();
+    format!("{count} {noun}{}", if count == 1 { "" } else { "s" })
 }

@@ -38,5 +38,7 @@ fn client(broker: &BrokerAddress) -> Result<Client, CliError> {
             url.split_once("://").map_or(url, |(_, rest)| rest)
         )));
     }
-    Ok(Client::trusting(url, broker.token.clone(), broker.ca_cert.as_deref())?)
+    // `FAIRWAY_TOKEN=` (set, but empty) sends no token rather than an empty one.
+    let token = broker.token.clone().filter(|token| !token.is_empty());
+    Ok(Client::trusting(url, token, broker.ca_cert.as_deref())?)
 }
