@@ -109,6 +109,21 @@ function when(at) {
 
 // Overview ---------------------------------------------------------------------------------
 
+// Ready work that no worker asked for within this long is marked: the service has no worker,
+// not busy ones.
+const UNSERVED_AFTER_SECONDS = 60;
+
+function lastAsked(service) {
+  const since = service.last_asked ? (Date.now() - Date.parse(service.last_asked)) / 1000 : null;
+  const text = since === null ? "never" : `${age(Math.max(since, 0))} ago`;
+  if (service.ready === 0 || (since !== null && since < UNSERVED_AFTER_SECONDS)) return text;
+  const mark = document.createElement("span");
+  mark.className = "unserved";
+  mark.title = "Ready work, and no worker asked for this service's work within a minute";
+  mark.textContent = `${text}: no worker`;
+  return mark;
+}
+
 async function refreshOverview() {
   const body = await api("/admin/services");
   const services = body.services;
@@ -117,7 +132,7 @@ async function refreshOverview() {
     (s) => link("shares", s.service), (s) => s.ready, (s) => s.scheduled, (s) => s.running,
     (s) => s.paused,
     (s) => age(s.oldest_ready_age_seconds), (s) => s.claims_per_second.toFixed(1),
-    (s) => s.waiting_workers,
+    (s) => s.waiting_workers, lastAsked,
   ]);
   const select = $("#share-service");
   const chosen = select.value;

@@ -428,6 +428,11 @@ async fn the_overview_shows_each_services_queue_as_the_api_does() {
     let shown: Vec<Vec<String>> =
         browser.table("#services").await.into_iter().map(|row| row[..5].to_vec()).collect();
     assert_eq!(shown, expected, "the page shows the API's numbers");
+    // concat has ready work no worker asked for; subsetter's worker asked a moment ago.
+    let asked: Vec<String> =
+        browser.table("#services").await.into_iter().map(|row| row[8].clone()).collect();
+    assert_eq!(asked[0], "never: no worker", "{asked:?}");
+    assert!(asked[1].ends_with("s ago") && !asked[1].contains("no worker"), "{asked:?}");
     browser.screenshot("overview").await;
     browser.close().await;
 }

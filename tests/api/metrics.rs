@@ -296,3 +296,47 @@ async fn taken_at(app: &TestApp) -> String {
     let row = app.db.query_one("SELECT taken_at::text FROM metrics_snapshot", &[]).await;
     row.expect("snapshot").get(0)
 }
+
+/// When a worker last asked for a service's work, shared by every broker: one that a worker
+/// asked shows it at once, another once it is written (every few seconds), in the services
+/// overview and in /metrics; a service no worker asked for says so.
+#[tokio::test]
+async fn every_broker_shows_when_a_worker_last_asked_for_each_service() {
+    let mut args = ServeArgs::for_tests();
+    args.metrics.metrics_refresh = Duration::from_millis(200);
+    let asked = spawn_app_with(args.clone()).await;
+    let other = spawn_broker(args, asked.config.clone()).await;
+    asked.submit_simple("alice", "render", 2, true).await;
+    asked.submit_simple("alice", "nobody-serves", 1, true).await;
+    let last_asked = |services: &serde_json::Value, service: &str| {
+        let services = services["services"].as_array().cloned().unwrap_or_default();
+        let found = services.into_iter().find(|summary| summary["service"] == service);
+        found.map(|summary| summary["last_asked"].clone()).unwrap_or_default()
+    };
+    let before = chrono::Utc::now();
+    asked.claim("render").await.expect("an item");
+
+    let here: serde_json::Value = asked.get("/admin/services").await.json().await.expect("JSON");
+    let at = last_asked(&here, "render");
+    let at: chrono::DateTime<chrono::Utc> = serde_json::from_value(at).expect("a time");
+    assert!(at >= before - chrono::Duration::seconds(1), "{here}");
+    assert!(last_asked(&here, "nobody-serves").is_null(), "{here}");
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let there: serde_json::Value =
+            other.get("/admin/services").await.json().await.expect("JSON");
+        if !last_asked(&there, "render").is_null() {
+            assert!(last_asked(&there, "nobody-serves").is_null(), "{there}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the other broker never saw the ask: {there}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let scraped = scrape(&other).await;
+    let seconds =
+        scraped.get("fairway_service_last_asked_timestamp_seconds", &[("service", "render")]);
+    assert!(seconds >= before.timestamp() as f64 - 1.0, "{seconds}");
+    let nobody = [("service", "nobody-serves")];
+    assert_eq!(scraped.value("fairway_service_last_asked_timestamp_seconds", &nobody), None);
+}

@@ -1,5 +1,6 @@
 //! What an operator's overview shows of each service.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 /// One service as an operator's overview shows it: the database's gauges, as fresh as
@@ -24,4 +25,8 @@ pub struct ServiceSummary {
     pub claims_per_second: f64,
     /// Workers long-polling this broker.
     pub waiting_workers: usize,
+    /// When a worker last asked any broker for this service's work; none if no worker ever
+    /// did. Ready work with no ask for long means no worker serves the service.
+    #[serde(default)]
+    pub last_asked: Option<DateTime<Utc>>,
 }

@@ -260,6 +260,7 @@ impl Claims {
         request: &ClaimRequest,
         wait: Duration,
     ) -> Result<Vec<WorkItem>, BrokerError> {
+        self.core.asks.record(request.service.as_str());
         let items = self.wait_for_claim(request, wait).await?;
         let outcome = if items.is_empty() { ClaimOutcome::Empty } else { ClaimOutcome::Item };
         self.core.metrics.claim_answered(request.service.as_str(), outcome);

@@ -2,6 +2,7 @@
 //! keep the fair order, independent of how requests arrive. [`Broker`] owns one type per duty
 //! (claims, endings, jobs, maintenance, tenancy); each keeps its own batches and statements.
 
+mod asks;
 pub mod auth;
 pub mod batch;
 mod bulk;
@@ -97,6 +98,7 @@ impl Broker {
             settings,
             signals,
             metrics,
+            asks: Default::default(),
             draining: watch::Sender::new(false),
         });
         let (lanes, most) = (settings.batch_lanes, settings.batch_max);

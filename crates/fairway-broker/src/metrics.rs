@@ -106,6 +106,8 @@ struct Snapshot {
     /// rate since the time before.
     claims: BTreeMap<String, u64>,
     claims_per_second: BTreeMap<String, f64>,
+    /// When workers last asked for each service, in any broker, when the gauges were taken.
+    asked: BTreeMap<String, DateTime<Utc>>,
 }
 
 pub struct Metrics {
@@ -128,6 +130,7 @@ pub struct Metrics {
     work_items: GaugeVec,
     oldest_ready_age: GaugeVec,
     active_users: GaugeVec,
+    last_asked: GaugeVec,
     waiting_workers: IntGaugeVec,
     pool_connections: IntGaugeVec,
     pool_max: IntGauge,
@@ -276,6 +279,12 @@ impl Metrics {
                 "Users with ready or running items.",
                 &tenant(&["service"]),
             )?,
+            last_asked: gauge(
+                "fairway_service_last_asked_timestamp_seconds",
+                "When a worker last asked any broker for the service's work, as a Unix time; \
+                 written every few seconds. Ready work and an old time: no worker serves it.",
+                &["service"],
+            )?,
             waiting_workers: int_gauge(
                 "fairway_waiting_workers",
                 "Workers long-polling this broker for work.",
@@ -296,6 +305,7 @@ impl Metrics {
                 seen: BTreeSet::new(),
                 claims: BTreeMap::new(),
                 claims_per_second: BTreeMap::new(),
+                asked: BTreeMap::new(),
             }),
             pending_waits: Mutex::new(Vec::new()),
         })
@@ -399,7 +409,9 @@ impl Metrics {
     pub async fn refresh_gauges<F, Fut, E>(&self, take: F)
     where
         F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Result<Vec<GaugeRow>, E>>,
+        Fut: std::future::Future<
+            Output = Result<(Vec<GaugeRow>, BTreeMap<String, DateTime<Utc>>), E>,
+        >,
         E: std::fmt::Display,
     {
         let mut snapshot = self.snapshot.lock().await;
@@ -412,15 +424,23 @@ impl Metrics {
         snapshot.claims_per_second = claims
             .iter()
             .filter_map(|(service, total)| {
-                let before = snapshot.claims.get(service).copied().unwrap_or(0);
+                // A service first seen has no count from before: its whole count is no rate.
+                let before = snapshot.claims.get(service).copied()?;
                 let seconds = since.filter(|seconds| *seconds > 0.0)?;
                 Some((service.clone(), total.saturating_sub(before) as f64 / seconds))
             })
             .collect();
         snapshot.claims = claims;
         match take().await {
-            Ok(rows) => snapshot.rows = rows,
+            Ok((rows, asked)) => {
+                snapshot.rows = rows;
+                snapshot.asked = asked;
+            }
             Err(error) => tracing::warn!(%error, "reading the queue gauges for /metrics failed"),
+        }
+        for (service, asked) in &snapshot.asked {
+            let seconds = asked.timestamp_micros() as f64 / 1e6;
+            self.last_asked.with_label_values(&[service.as_str()]).set(seconds);
         }
         let Snapshot { rows, seen, .. } = &mut *snapshot;
         for row in rows.iter() {
@@ -448,6 +468,7 @@ impl Metrics {
     pub async fn service_summaries(
         &self,
         waiting_workers: &BTreeMap<String, usize>,
+        asked_here: &BTreeMap<String, DateTime<Utc>>,
     ) -> Vec<ServiceSummary> {
         let snapshot = self.snapshot.lock().await;
         let now = Utc::now().timestamp_micros() as f64 / 1e6;
@@ -463,6 +484,8 @@ impl Metrics {
                 active_users: 0,
                 claims_per_second: snapshot.claims_per_second.get(service).copied().unwrap_or(0.0),
                 waiting_workers: waiting_workers.get(service).copied().unwrap_or(0),
+                // This broker's own asks count at once; other brokers' once written and read.
+                last_asked: snapshot.asked.get(service).max(asked_here.get(service)).copied(),
             });
         }
         for row in &snapshot.rows {

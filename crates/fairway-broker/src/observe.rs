@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::db::sql::{self, ItemCreationTimes, RefreshMetrics};
+use crate::db::sql::{self, ItemCreationTimes, ListServiceAsks, RecordServiceAsks, RefreshMetrics};
 use crate::metrics::PoolConnections;
 use crate::{BrokerError, Maintenance};
 use fairway_api::summary::ServiceSummary;
@@ -28,10 +28,12 @@ impl Maintenance {
     /// Each service's queue as the metrics see it, for operators' overviews.
     pub async fn service_summaries(&self) -> Vec<ServiceSummary> {
         self.refresh_gauges().await;
-        self.core.metrics.service_summaries(&self.core.signals.waiting_workers()).await
+        let waiting = self.core.signals.waiting_workers();
+        self.core.metrics.service_summaries(&waiting, &self.core.asks.latest()).await
     }
 
-    /// Takes the database's queue gauges again unless they are younger than --metrics-refresh.
+    /// Takes the database's queue gauges, and when workers last asked for each service in any
+    /// broker, again unless they are younger than --metrics-refresh.
     async fn refresh_gauges(&self) {
         let refresh_millis = sql::millis(self.core.metrics.refresh());
         self.core
@@ -39,9 +41,32 @@ impl Maintenance {
             .refresh_gauges(|| async {
                 let client = self.core.client().await?;
                 let refresh = RefreshMetrics { every_millis: refresh_millis };
-                Ok::<_, BrokerError>(sql::fetch_one(&client, &refresh).await?.gauges.0)
+                let gauges = sql::fetch_one(&client, &refresh).await?.gauges.0;
+                let asks = sql::fetch_all(&client, &ListServiceAsks {}).await?;
+                let asked = asks.into_iter().map(|row| (row.service, row.last_asked)).collect();
+                Ok::<_, BrokerError>((gauges, asked))
             })
             .await;
+    }
+
+    /// Writes the asks for work this broker saw since the last flush, each service's latest.
+    /// One statement for all of them; a failed write is tried again at the next flush.
+    pub async fn flush_asks(&self) -> Result<(), BrokerError> {
+        let asks = self.core.asks.take_unwritten();
+        if asks.is_empty() {
+            return Ok(());
+        }
+        let services: Vec<&str> = asks.iter().map(|(service, _)| service.as_str()).collect();
+        let asked_at: Vec<_> = asks.iter().map(|(_, at)| *at).collect();
+        let record = RecordServiceAsks { services: &services, asked_at: &asked_at };
+        let written = match self.core.client().await {
+            Ok(client) => sql::run(&client, &record).await.map(|_| ()).map_err(BrokerError::from),
+            Err(error) => Err(error),
+        };
+        if written.is_err() {
+            self.core.asks.restore(asks);
+        }
+        written
     }
 
     /// Reads when the first attempts claimed since the last call were created, and records how

@@ -284,12 +284,14 @@ pub fn broker(pool: Pool, args: &ServeArgs, signals: WorkSignals) -> Result<Brok
     Ok(Broker::new(pool, settings, signals, Arc::new(metrics)))
 }
 
-/// The broker's upkeep, as `serve` runs it beside the HTTP server: the reaper, the promoter of
+/// The broker's upkeep, as `serve` runs it beside the HTTP server: the asks for work written
+/// every few seconds, the reaper, the promoter of
 /// scheduled items, the queue waits of claimed items for /metrics, the vacuum of the fair
 /// order's tables unless `--vacuum-interval` is zero, and the pruner unless `--retention` is
 /// zero.
 pub fn maintain(broker: &Broker, args: &ServeArgs) -> Vec<JoinHandle<()>> {
     let mut tasks = vec![
+        tokio::spawn(flush_asks(broker.clone())),
         tokio::spawn(reap(broker.clone(), args.reap_interval)),
         tokio::spawn(record_queue_waits(broker.clone())),
         tokio::spawn(promote(broker.clone(), args.retry.promote_interval)),
@@ -415,6 +417,16 @@ async fn promote(broker: Broker, interval: Duration) {
 async fn record_queue_waits(broker: Broker) {
     every(QUEUE_WAIT_INTERVAL, "reading claimed items' queue waits", || {
         broker.maintenance().record_queue_waits()
+    })
+    .await
+}
+
+/// How often the asks for work this broker saw are written for every broker to read.
+const ASKS_FLUSH_INTERVAL: Duration = Duration::from_secs(5);
+
+async fn flush_asks(broker: Broker) {
+    every(ASKS_FLUSH_INTERVAL, "writing when workers last asked", || {
+        broker.maintenance().flush_asks()
     })
     .await
 }

@@ -766,6 +766,25 @@ statement! {
     }
 }
 
+statement! {
+    /// Keeps, per service, the latest time a worker asked for its work.
+    RecordServiceAsks<'a> = "record_service_asks" -> () {
+        services: &'a [&'a str],
+        asked_at: &'a [DateTime<Utc>],
+    }
+}
+
+statement! {
+    ListServiceAsks = "list_service_asks" -> ServiceAsked {}
+}
+
+row! {
+    ServiceAsked {
+        service: String,
+        last_asked: DateTime<Utc>,
+    }
+}
+
 row! {
     ItemCreated {
         id: i64,

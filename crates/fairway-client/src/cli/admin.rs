@@ -229,6 +229,7 @@ fn services_table(services: &[ServiceSummary]) -> Table {
         "active users",
         "claims/s",
         "waiting workers",
+        "last asked",
     ]);
     for service in services {
         let oldest = service
@@ -244,6 +245,7 @@ fn services_table(services: &[ServiceSummary]) -> Table {
             service.active_users.to_string(),
             format!("{:.1}", service.claims_per_second),
             service.waiting_workers.to_string(),
+            when(service.last_asked),
         ]);
     }
     table
