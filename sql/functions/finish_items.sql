@@ -7,7 +7,12 @@
 -- (ended_as) and p_digests[i], the digest of the worker's report (NULL when no worker sent it),
 -- so that the broker recognises the same report sent again. An ending with p_uncounted[i]
 -- (a claim whose worker never got its answer, released) records status 'ready' and takes the
--- claim's attempt back, leaving the previous ending's record and error as they were. With
+-- claim's attempt back, leaving the previous ending's record and error as they were. An ending
+-- with p_handed_back[i] (a worker that could not start the item hands it back) records status
+-- 'ready' and keeps the attempt, so that a late report of it stays stale, but raises the
+-- item's retry_base, so that the attempt does not count against the retry budget; it counts
+-- the release and keeps p_errors[i] as the release's reason, the last failure's error as it
+-- was. With
 -- p_expired_only an ending applies only if the lease has expired (the reaper's case). Each
 -- counter row the batch touches moves once, by the batch's summed deltas; a service whose
 -- user's work became claimable is woken.
@@ -45,7 +50,9 @@ CREATE OR REPLACE FUNCTION finish_items(
     -- a broker without auth).
     p_tokens bigint[] DEFAULT NULL,
     -- Ending i's delay in milliseconds when it is scheduled (NULL, or no array: none).
-    p_delays_ms bigint[] DEFAULT NULL
+    p_delays_ms bigint[] DEFAULT NULL,
+    -- Whether ending i is a worker handing the item back (NULL, or no array: no).
+    p_handed_back boolean[] DEFAULT NULL
 )
 RETURNS TABLE (
     ending integer,
@@ -117,7 +124,14 @@ BEGIN
             UPDATE work_items wi
                SET status = r.status::work_item_status,
                    results = r.results,
-                   error = CASE WHEN r.uncounted THEN wi.error ELSE r.error END,
+                   error = CASE WHEN r.uncounted OR p_handed_back[r.i::integer]
+                                THEN wi.error ELSE r.error END,
+                   retry_base = wi.retry_base
+                                + CASE WHEN p_handed_back[r.i::integer] THEN 1 ELSE 0 END,
+                   releases = wi.releases
+                              + CASE WHEN p_handed_back[r.i::integer] THEN 1 ELSE 0 END,
+                   release_reason = CASE WHEN p_handed_back[r.i::integer]
+                                         THEN r.error ELSE wi.release_reason END,
                    next_component = r.next_component,
                    attempt = wi.attempt - CASE WHEN r.uncounted THEN 1 ELSE 0 END,
                    ended_as = CASE WHEN r.uncounted THEN wi.ended_as

@@ -404,7 +404,14 @@ fn worker_logging(app: &TestApp, service: &str, querier: &str, command: &[&str])
 #[tokio::test]
 async fn a_worker_whose_command_cannot_start_stops_instead_of_failing_the_backlog() {
     let app = spawn_app().await;
-    let job = app.submit_simple("alice", "wtypo", 20, false).await;
+    // One attempt each: the item in hand must not spend it on a command that never ran.
+    let items: Vec<Value> = (0..20).map(|n| json!({ "payload": { "n": n } })).collect();
+    let job = app
+        .submit(json!({
+            "user": "alice", "is_async": false, "steps": [{ "service": "wtypo" }],
+            "items": items, "retry": { "max_attempts": 1 },
+        }))
+        .await;
     let child = worker_logging(&app, "wtypo", "typo-pod", &["/nonexistent/convertt"]);
     let output = exited(child).await;
     assert!(!output.status.success(), "a worker that can do nothing says so by its exit");
@@ -425,6 +432,22 @@ async fn a_worker_whose_command_cannot_start_stops_instead_of_failing_the_backlo
         .expect("attempts")
         .get(0);
     assert_eq!(attempts, 1, "only the item in hand was tried");
+    // It was handed back, the reason recorded for operators, its attempt not counted: it is
+    // claimed and worked again however small its budget.
+    let items: Value =
+        app.get(&format!("/jobs/{job}/items?status=ready")).await.json().await.expect("JSON");
+    let handed: Vec<&Value> = items["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter(|item| item["releases"] == 1)
+        .collect();
+    assert_eq!(handed.len(), 1, "{items}");
+    let reason = handed[0]["release_reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("cannot start /nonexistent/convertt"), "{reason}");
+    let item = app.claim("wtypo").await.expect("the item again");
+    assert_eq!(item["attempt"], 2, "a new attempt, so that a late report of the first is stale");
+    app.succeed(&item, json!([])).await;
     app.assert_consistent().await;
 }
 

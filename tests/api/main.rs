@@ -21,6 +21,7 @@ mod metrics;
 mod operators;
 mod plans;
 mod pruning;
+mod releases;
 mod repeats;
 mod results;
 mod retries;

@@ -486,6 +486,11 @@ pub enum StatusUpdate {
         error: Option<String>,
         retryable: bool,
     },
+    /// The worker could not start the item (its command is missing, it is shutting down, the
+    /// handler said "not now"): ready again at once, the attempt not counted.
+    Released {
+        reason: Option<String>,
+    },
 }
 
 /// An item's status after an update, as the worker is told.

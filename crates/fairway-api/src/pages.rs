@@ -151,6 +151,11 @@ pub struct ItemDocument {
     pub results: Option<Box<RawValue>>,
     /// Why it failed, when it did (the last attempt's error while it is retried).
     pub error: Option<String>,
+    /// How often a worker handed it back (status `released`): attempts that did not count.
+    pub releases: i32,
+    /// The reason the last worker to hand it back gave.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub release_reason: Option<String>,
     /// When a scheduled item becomes ready.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub not_before: Option<DateTime<Utc>>,

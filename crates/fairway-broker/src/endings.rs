@@ -41,6 +41,9 @@ enum Ending {
     /// A claim whose answer reached no worker (its long poll was gone): the item goes back to
     /// ready as if never claimed, the attempt not counted.
     Released,
+    /// A worker that could not start the item hands it back: ready again at once, the attempt
+    /// kept (a late report of it is stale) but not counted against the retry budget.
+    HandedBack { reason: Option<String> },
 }
 
 /// An attempt that ended: its service, and whether the querier that held it is shutting down
@@ -53,6 +56,8 @@ struct Ended {
     querier_leaving: bool,
     /// A released claim: not an attempt that ended, so not counted as one.
     released: bool,
+    /// Handed back by its worker (also `released`).
+    handed_back: bool,
 }
 
 /// What an ending records on its item.
@@ -65,6 +70,8 @@ struct Recorded<'a> {
     digest: Option<Vec<u8>>,
     /// Takes the claim's attempt back (a release).
     uncounted: bool,
+    /// A worker handing the item back; `error` holds its reason.
+    handed_back: bool,
     /// A scheduled retry's delay in milliseconds.
     delay_millis: Option<i64>,
 }
@@ -149,6 +156,12 @@ impl AttemptEnding {
                 "error": error,
                 "retryable": retryable,
             }),
+            Ending::HandedBack { reason } => serde_json::json!({
+                "token": self.token,
+                "attempt": self.attempt,
+                "status": "released",
+                "reason": reason,
+            }),
             Ending::Expired | Ending::Released => return None,
         };
         Some(Sha256::digest(report.to_string().as_bytes()).to_vec())
@@ -205,6 +218,12 @@ impl Endings {
                     reject_nul(&Value::String(error.clone()), "an error")?;
                 }
                 Ending::Failed { error, retryable }
+            }
+            StatusUpdate::Released { reason } => {
+                if let Some(reason) = &reason {
+                    reject_nul(&Value::String(reason.clone()), "a reason")?;
+                }
+                Ending::HandedBack { reason }
             }
         };
         let ending = AttemptEnding { id, attempt, ending, token };
@@ -386,6 +405,7 @@ impl Endings {
             recorded.iter().map(|r| r.next_component).collect();
         let digests: Vec<Option<&[u8]>> = recorded.iter().map(|r| r.digest.as_deref()).collect();
         let uncounted: Vec<bool> = recorded.iter().map(|r| r.uncounted).collect();
+        let handed_back: Vec<bool> = recorded.iter().map(|r| r.handed_back).collect();
         let delays_millis: Vec<Option<i64>> = recorded.iter().map(|r| r.delay_millis).collect();
         let expired_only = condition == LeaseCondition::Expired;
         let wait = owners == Owners::Wait;
@@ -403,6 +423,7 @@ impl Endings {
             wait_for_owners: wait,
             tokens: &tokens,
             delays_millis: &delays_millis,
+            handed_back: &handed_back,
         };
         let params = finish.params();
         // Each request is sent when its future is first polled, and `biased` has try_join poll
@@ -445,6 +466,9 @@ impl Endings {
         // what follows must not turn them into errors.
         for ended in &released {
             self.core.signals.for_service(&ended.service).release_one();
+            if ended.handed_back {
+                self.core.metrics.item_released(&ended.service);
+            }
             if ended.released {
                 continue;
             }
@@ -502,7 +526,8 @@ impl Endings {
                 tenant: applied.tenant.clone(),
                 status,
                 querier_leaving: applied.querier_leaving,
-                released: recorded[index].uncounted,
+                released: recorded[index].uncounted || recorded[index].handed_back,
+                handed_back: recorded[index].handed_back,
             });
             outcomes[index] = Some(Ok(Answer::Applied(status)));
         }
@@ -545,6 +570,7 @@ impl Endings {
                 next_component: None,
                 digest,
                 uncounted: false,
+                handed_back: false,
                 delay_millis,
             }
         };
@@ -556,6 +582,7 @@ impl Endings {
                 next_component: component.as_ref().map(ComponentName::as_str),
                 digest: ending.digest(),
                 uncounted: false,
+                handed_back: false,
                 delay_millis: None,
             },
             Ending::Failed { error, retryable } => {
@@ -569,6 +596,17 @@ impl Endings {
                 next_component: None,
                 digest: None,
                 uncounted: true,
+                handed_back: false,
+                delay_millis: None,
+            },
+            Ending::HandedBack { reason } => Recorded {
+                status: ItemStatus::Ready,
+                results: None,
+                error: reason.as_deref(),
+                next_component: None,
+                digest: ending.digest(),
+                uncounted: false,
+                handed_back: true,
                 delay_millis: None,
             },
         }

@@ -121,6 +121,7 @@ pub struct Metrics {
     transaction_retries: IntCounterVec,
     transaction_retries_exhausted: IntCounterVec,
     claims_released: IntCounterVec,
+    items_released: IntCounterVec,
     ending_deferrals: IntCounterVec,
     claim_duration: Histogram,
     queue_wait: HistogramVec,
@@ -228,6 +229,12 @@ impl Metrics {
                 "fairway_claims_released_total",
                 "Items claimed for a long poll whose client had gone before the answer, put \
                  back at once without counting an attempt.",
+                &["service"],
+            )?,
+            items_released: counter(
+                "fairway_items_released_total",
+                "Items workers handed back unworked (status released): ready again at once, \
+                 the attempt not counted against the retry budget.",
                 &["service"],
             )?,
             ending_deferrals: counter(
@@ -351,6 +358,11 @@ impl Metrics {
     /// An item claimed for a client that had gone went back to ready.
     pub fn claim_released(&self, service: &str) {
         self.claims_released.with_label_values(&[service]).inc();
+    }
+
+    /// A worker handed an item back unworked.
+    pub fn item_released(&self, service: &str) {
+        self.items_released.with_label_values(&[service]).inc();
     }
 
     /// A worker's report found its owner's row held.

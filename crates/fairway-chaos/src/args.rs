@@ -71,4 +71,9 @@ pub struct ChaosDriveArgs {
     /// when the first answer is lost.
     #[arg(long, default_value_t = 30)]
     pub repeat_per_mille: u64,
+
+    /// Per mille of claimed items their worker hands back unworked (status released), until
+    /// the process reads `calm`.
+    #[arg(long, default_value_t = 10)]
+    pub release_per_mille: u64,
 }

@@ -66,6 +66,8 @@ pub struct Record {
     pub abandoned: u64,
     /// Reports sent again, after no answer or a deliberately lost one.
     pub repeats: u64,
+    /// Items their worker handed back unworked, as the broker accepted.
+    pub released: u64,
 }
 
 impl Refusal {
@@ -90,6 +92,8 @@ struct Shared {
     repeats: AtomicU64,
     die_per_mille: u64,
     repeat_per_mille: u64,
+    release_per_mille: u64,
+    released: AtomicU64,
 }
 
 impl Shared {
@@ -113,6 +117,8 @@ pub async fn run(args: ChaosDriveArgs) -> Result<(), ChaosError> {
         repeats: AtomicU64::new(0),
         die_per_mille: args.die_per_mille,
         repeat_per_mille: args.repeat_per_mille,
+        release_per_mille: args.release_per_mille,
+        released: AtomicU64::new(0),
     });
     let orders = shared.clone();
     // Standard input is read on a thread of its own: tokio's reader needs a feature we lack.
@@ -130,6 +136,7 @@ pub async fn run(args: ChaosDriveArgs) -> Result<(), ChaosError> {
         .map(|mut record| std::mem::take(&mut *record))
         .map_err(|_| ChaosError::Setup("a worker panicked while recording".to_owned()))?;
     record.abandoned = shared.abandoned.load(Ordering::Relaxed);
+    record.released = shared.released.load(Ordering::Relaxed);
     record.repeats = shared.repeats.load(Ordering::Relaxed);
     std::fs::write(&args.record, serde_json::to_vec(&record)?)?;
     Ok(())
@@ -180,6 +187,19 @@ async fn work(shared: Arc<Shared>, slot: u32) {
             if !shared.calm.load(Ordering::Relaxed) && dice.per_mille(shared.die_per_mille) {
                 // This worker dies: the item stays leased until its lease runs out.
                 shared.abandoned.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            if !shared.calm.load(Ordering::Relaxed) && dice.per_mille(shared.release_per_mille) {
+                // This worker cannot start the item: it hands it back, once; an unanswered
+                // release leaves the item to its lease, as a dying worker does.
+                let release = Report::Released { attempt, reason: Some("chaos".to_owned()) };
+                match shared.clients[broker].report(id, &release).await {
+                    Ok(_) => {
+                        shared.released.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(error) => shared
+                        .note(|record| record.refused.push(Refusal::of("release", &error, false))),
+                }
                 continue;
             }
             tokio::time::sleep(Duration::from_millis(dice.below(WORK_MS))).await;

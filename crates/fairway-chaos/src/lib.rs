@@ -401,6 +401,7 @@ struct Figures {
     claims: usize,
     reattempts: i64,
     abandoned_by_dying_workers: u64,
+    released_by_workers: u64,
     report_repeats: u64,
     repeats_accepted: usize,
     unanswered_requests: usize,
@@ -664,6 +665,7 @@ async fn suite(
         claims: record.claims.len(),
         reattempts,
         abandoned_by_dying_workers: record.abandoned,
+        released_by_workers: record.released,
         report_repeats: record.repeats,
         repeats_accepted: record.accepted.iter().filter(|accepted| accepted.repeat).count(),
         unanswered_requests: refused.iter().filter(|refusal| refusal.status == 0).count(),
@@ -820,6 +822,10 @@ fn print_figures(figures: &Figures) {
     println!(
         "  dying workers      {:>8}  (items abandoned without a report)",
         figures.abandoned_by_dying_workers
+    );
+    println!(
+        "  releases           {:>8}  (items handed back unworked)",
+        figures.released_by_workers
     );
     println!(
         "  report repeats     {:>8}  ({} accepted)",

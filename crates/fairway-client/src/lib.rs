@@ -159,6 +159,12 @@ pub enum Report {
         error: Option<String>,
         retryable: bool,
     },
+    /// Hands the item back unworked: ready again at once, the attempt not counted.
+    Released {
+        attempt: i32,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
 }
 
 /// The answer to a report: the item's status now.

@@ -166,6 +166,8 @@ pub enum ReportedStatus {
     Successful,
     Failed,
     Running,
+    /// Handed back unworked: ready again at once, the attempt not counted.
+    Released,
 }
 
 /// A worker's report on the attempt it holds.
@@ -186,7 +188,13 @@ pub struct StatusBody {
     error: Option<String>,
     /// With `failed`: whether the item may go again (default true).
     retryable: Option<bool>,
+    /// With `released`: why the worker hands the item back, for operators.
+    #[schema(max_length = 1000)]
+    reason: Option<String>,
 }
+
+/// Longest reason a release may give, in characters.
+const MAX_REASON_CHARS: usize = 1000;
 
 /// An item's status after a report.
 #[derive(Serialize, ToSchema)]
@@ -223,6 +231,18 @@ impl StatusBody {
                 "retryable is only accepted with status \"failed\"",
             ));
         }
+        if self.reason.is_some() && !matches!(self.status, ReportedStatus::Released) {
+            return Err(ApiError::bad_request(
+                "invalid_body",
+                "reason is only accepted with status \"released\"",
+            ));
+        }
+        if self.reason.as_ref().is_some_and(|reason| reason.chars().count() > MAX_REASON_CHARS) {
+            return Err(ApiError::bad_request(
+                "invalid_body",
+                format!("reason is longer than {MAX_REASON_CHARS} characters"),
+            ));
+        }
         Ok(match self.status {
             ReportedStatus::Running => StatusUpdate::Running,
             ReportedStatus::Successful => StatusUpdate::Successful {
@@ -233,11 +253,12 @@ impl StatusBody {
                 error: self.error,
                 retryable: self.retryable.unwrap_or(true),
             },
+            ReportedStatus::Released => StatusUpdate::Released { reason: self.reason },
         })
     }
 }
 
-/// Report on an attempt: done, failed, or still running.
+/// Report on an attempt: done, failed, still running, or handed back unworked (`released`).
 #[utoipa::path(post, path = "/work/{id}/status", tag = "workers", request_body = StatusBody,
     params(("id" = i64, Path, description = "The work item")),
     responses(

@@ -148,6 +148,8 @@ statement! {
         tokens: &'a [Option<i64>],
         /// A scheduled retry's delay (NULL for any other ending).
         delays_millis: &'a [Option<i64>],
+        /// A worker handing the item back.
+        handed_back: &'a [bool],
     }
 }
 

@@ -305,10 +305,10 @@ async fn work(client: &Client, args: &WorkerArgs, item: WorkItem, shared: &Share
         ran = run_command(&args.command, &item) => match ran {
             Ran::Report(report) => report,
             Ran::CannotStart(error) => {
-                // No item can succeed: stop rather than fail the backlog. The item goes back
-                // to the queue for a worker whose command runs.
+                // No item can succeed: stop rather than fail the backlog. The item is handed
+                // back, its attempt not counted, for a worker whose command runs.
                 shared.halt(format!("{error}; every item would fail"));
-                Report::Failed { attempt, error: Some(error), retryable: true }
+                Report::Released { attempt, reason: Some(error) }
             }
         },
         lost = heartbeat(client, id, attempt, first_heartbeat(&item, args.heartbeat), args.heartbeat) => {
