@@ -6,7 +6,9 @@ import asyncio
 import json
 import logging
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,7 +22,7 @@ import httpx
 import pytest
 
 from conftest import Broker, TlsBroker, unique, wait_until
-from fairway_client import Client, FairwayError, PermanentError, Worker
+from fairway_client import Client, FairwayError, PermanentError, Worker, default_querier
 from fairway_client.worker import heartbeat_period, parse_timestamp
 
 WORKER_PROCESS = Path(__file__).with_name("worker_process.py")
@@ -66,6 +68,18 @@ def item_of(client: Client, job_id: str, predicate: Callable[[dict[str, Any]], b
 
 def count(client: Client, job_id: str, status: str) -> int:
     return len(list(client.items(job_id, status=status)))
+
+
+def querier_of(url: str, querier: str) -> dict[str, Any] | None:
+    """The querier as ``GET /admin/queriers`` shows it, or None if the broker has none."""
+    queriers = httpx.get(f"{url}/admin/queriers").json()["queriers"]
+    return next((each for each in queriers if each["querier"] == querier), None)
+
+
+def has_left(url: str, querier: str) -> bool:
+    """Whether the querier no longer serves: not active, and in no shard (or forgotten)."""
+    state = querier_of(url, querier)
+    return state is None or (state["state"] != "active" and not state["in_shards"])
 
 
 def test_two_step_workflow_with_an_aggregating_step(broker: Broker, running: Running) -> None:
@@ -329,6 +343,91 @@ def test_a_signal_finishes_the_held_item_and_exits(
         assert b"stopping" in stderr
 
 
+def test_sigterm_while_holding_an_item_and_long_polling_leaves_the_querier(
+    broker: Broker,
+) -> None:
+    service = unique("leaving")
+    with Client(broker.url) as client:
+        job_id = client.submit(unique("nora"), [service], ["held"])
+        # Two slots: one holds the item for 1.5 s while the other waits in a 30 s long poll.
+        process = subprocess.Popen(
+            [sys.executable, str(WORKER_PROCESS), broker.url, service, "2", "1.5", "30"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        querier = f"{socket.gethostname()}-{process.pid}"
+
+        def long_polling() -> bool:
+            return service in str(httpx.get(f"{broker.url}/admin/waiting-workers").json())
+
+        try:
+            wait_until(lambda: count(client, job_id, "running") == 1, 30, "the item held")
+            wait_until(long_polling, 30, "the other slot's long poll")
+            assert (querier_of(broker.url, querier) or {}).get("state") == "active"
+            signalled = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            _, stderr = process.communicate(timeout=30)
+            exited = time.monotonic()
+        finally:
+            if process.poll() is None:
+                process.kill()
+        assert process.returncode == 0, stderr.decode()
+        # The querier's shutdown ended the long poll: no waiting out its 30 s.
+        assert exited - signalled < 10, stderr.decode()
+        assert [(item["status"], item["attempt"]) for item in client.items(job_id)] == [
+            ("successful", 1)
+        ]
+        assert count(client, job_id, "running") == 0
+        wait_until(
+            lambda: has_left(broker.url, querier),
+            max(0.0, exited + 2 - time.monotonic()),
+            f"querier {querier} to leave within 2 s of the exit: {querier_of(broker.url, querier)}",
+        )
+
+
+def test_stop_shuts_the_querier_down(broker: Broker) -> None:
+    querier = unique("querier")
+    worker = Worker(
+        broker.url, service=unique("left"), handler=lambda item: [], querier=querier, wait=30
+    )
+    workers = Running()
+    thread = workers.start(worker)
+    wait_until(
+        lambda: (querier_of(broker.url, querier) or {}).get("state") == "active",
+        30,
+        "the querier's first work request",
+    )
+    worker.stop()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    stopped = time.monotonic()
+    assert workers.errors == []
+    wait_until(
+        lambda: has_left(broker.url, querier),
+        max(0.0, stopped + 2 - time.monotonic()),
+        f"querier {querier} to leave: {querier_of(broker.url, querier)}",
+    )
+
+
+def test_a_service_no_job_named_is_warned_about_once(
+    broker: Broker, running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = unique("misspelt")
+    caplog.set_level(logging.INFO, logger="fairway_client.worker")
+    worker = Worker(broker.url, service=service, handler=lambda item: [], wait=1)
+    running.start(worker)
+    time.sleep(3.5)  # three or four empty answers, each saying that no job named the service
+    running.stop_all()
+    warnings = [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "fairway_client.worker" and "no job has named" in record.getMessage()
+    ]
+    assert len(warnings) == 1, warnings
+    assert service in warnings[0]
+    assert "waiting for work all the same" in warnings[0]
+
+
 class Resends(logging.Handler):
     """Notices the worker's log line for a report sent again."""
 
@@ -379,6 +478,7 @@ class LosingProxy:
         self.broker = broker
         self.reports: list[tuple[str, bytes, int, bytes]] = []
         self.lost = False
+        self.restarted = threading.Event()
         proxy = self
 
         class Forward(BaseHTTPRequestHandler):
@@ -413,6 +513,7 @@ class LosingProxy:
                     if not proxy.lost:
                         proxy.lost = True
                         proxy.broker.restart()
+                        proxy.restarted.set()
                         self.close_connection = True
                         return  # the answer is lost
                 self.send_response(answer.status_code)
@@ -443,6 +544,8 @@ def test_a_report_whose_answer_was_lost_is_resent_and_answered_the_same(
         running.start(Worker(proxy.url, service=service, handler=lambda item: ["R1"], wait=2))
         with Client(broker.url) as client:
             job_id = client.submit(unique("liam"), [service], ["G1"])
+            # Asked once the broker is back: a request during its restart gets no answer.
+            assert proxy.restarted.wait(30), "the report never reached the proxy"
             assert client.wait(job_id, timeout=30)["status"] == "successful"
             (item,) = client.items(job_id)
             assert (item["attempt"], item["results"]) == (1, ["R1"])
@@ -454,6 +557,94 @@ def test_a_report_whose_answer_was_lost_is_resent_and_answered_the_same(
     finally:
         running.stop_all()
         proxy.close()
+
+
+class UnavailableBroker:
+    """A stand-in for a broker that answers every request 503 with ``Retry-After: 1``, counting
+    the work requests and the querier shutdowns it gets. Once ``back`` is set it answers 404
+    instead, as a broker that never saw the querier, so that the worker's shutdown ends."""
+
+    def __init__(self) -> None:
+        self.work_requests = 0
+        self.shutdowns = 0
+        self.back = False
+        self.lock = threading.Lock()
+        stand_in = self
+
+        class Answer(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.answer()
+
+            def do_POST(self) -> None:
+                self.answer()
+
+            def answer(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                if length:
+                    self.rfile.read(length)
+                with stand_in.lock:
+                    if self.command == "GET" and self.path.startswith("/work?"):
+                        stand_in.work_requests += 1
+                    if self.command == "POST" and self.path.endswith("/shutdown"):
+                        stand_in.shutdowns += 1
+                    back = stand_in.back
+                if back:
+                    status, error = 404, {"code": "querier_not_found", "message": "no querier"}
+                else:
+                    status, error = 503, {"code": "shutting_down", "message": "stopping"}
+                body = json.dumps({"error": error}).encode()
+                self.send_response(status)
+                if not back:
+                    self.send_header("retry-after", "1")
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.send_header("connection", "close")
+                self.end_headers()
+                self.wfile.write(body)
+
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 64  # the eight first requests connect at once
+            daemon_threads = True
+
+        self.server = Server(("127.0.0.1", 0), Answer)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_worker_facing_a_broker_answering_only_503_asks_about_once_a_second(
+    running: Running,
+) -> None:
+    stand_in = UnavailableBroker()
+    try:
+        worker = Worker(
+            stand_in.url, service=unique("unavailable"), handler=lambda item: [], concurrency=8
+        )
+        thread = running.start(worker)
+        window = 4.0
+        time.sleep(window)
+        with stand_in.lock:
+            sent = stand_in.work_requests
+            stand_in.back = True
+        worker.stop()
+        thread.join(timeout=15)
+        assert not thread.is_alive(), "the worker did not stop"
+    finally:
+        stand_in.close()
+    # Eight slots ask at once at first; after that, about one request per Retry-After.
+    assert sent >= 3, f"the worker stopped asking: {sent}"
+    assert sent <= 8 + 10, f"{sent} work requests in {window:g} s"
+    assert stand_in.shutdowns >= 1, "the worker did not shut its querier down"
+    assert running.errors == []
 
 
 def test_a_worker_reaches_an_https_broker_with_a_private_ca(
@@ -478,9 +669,16 @@ def test_a_worker_reaches_an_https_broker_with_a_private_ca(
 
 
 def test_default_querier_is_host_and_pid() -> None:
-    worker = Worker("http://127.0.0.1:1", service="s", handler=lambda item: [])
-    assert worker.querier.endswith(f"-{os.getpid()}")
-    assert len(worker.querier) > len(str(os.getpid())) + 1
+    querier = default_querier()
+    assert querier.endswith(f"-{os.getpid()}")
+    assert len(querier) > len(str(os.getpid())) + 1
+    # The process's first worker without a querier is `querier`; the next ones add a number,
+    # since a worker that stopped shut its querier down.
+    first = Worker("http://127.0.0.1:1", service="s", handler=lambda item: [])
+    second = Worker("http://127.0.0.1:1", service="s", handler=lambda item: [])
+    assert re.fullmatch(re.escape(querier) + r"(-\d+)?", first.querier)
+    assert re.fullmatch(re.escape(querier) + r"-\d+", second.querier)
+    assert first.querier != second.querier
 
 
 def test_heartbeat_period_is_half_the_lease() -> None:

@@ -1,5 +1,6 @@
 """A worker process for the tests that signal or kill one: works SERVICE at URL with
-CONCURRENCY slots, each item taking SECONDS, and returns the item's payload as its result."""
+CONCURRENCY slots, each item taking SECONDS, and returns the item's payload as its result. An
+optional fifth argument is the long polls' WAIT in seconds (5 by default)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ from fairway_client import Worker
 
 def main() -> None:
     url, service, concurrency, seconds = sys.argv[1:5]
+    wait = float(sys.argv[5]) if len(sys.argv) > 5 else 5.0
 
     def handle(item: dict[str, Any]) -> list[Any]:
         time.sleep(float(seconds))
         return [item["payload"]]
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    Worker(url, service=service, handler=handle, concurrency=int(concurrency), wait=5).run()
+    Worker(url, service=service, handler=handle, concurrency=int(concurrency), wait=wait).run()
 
 
 if __name__ == "__main__":

@@ -117,6 +117,18 @@ class Call:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+def retry_after(response: httpx.Response) -> float | None:
+    """The seconds an answer's ``Retry-After`` asks to wait (the broker never sends a date)."""
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
 def decode(response: httpx.Response) -> Any:
     """The JSON document of a successful answer (None for 204), or the broker's error raised."""
     status = response.status_code
@@ -130,15 +142,16 @@ def decode(response: httpx.Response) -> Any:
             raise FairwayError(
                 status, "unexpected_answer", f"the broker's answer is not JSON: {text[:200]}"
             ) from None
+    wait = retry_after(response)
     try:
         error = json.loads(text)["error"]
         code, message = str(error["code"]), str(error["message"])
     except (ValueError, KeyError, TypeError):
         reason = response.reason_phrase or "error"
         raise FairwayError(
-            status, "unexpected_answer", f"{reason}: {text[:200]}".rstrip(": ")
+            status, "unexpected_answer", f"{reason}: {text[:200]}".rstrip(": "), wait
         ) from None
-    raise FairwayError(status, code, message)
+    raise FairwayError(status, code, message, wait)
 
 
 def transport_error(error: httpx.HTTPError, call: Call) -> FairwayError:
@@ -319,6 +332,26 @@ def claim_call(
     if strategy is not None:
         params["strategy"] = strategy_param(strategy)
     return Call("GET", "/work", params, timeout=seconds + 15.0)
+
+
+#: The header of an empty claim's answer when no job has named the service.
+UNKNOWN_SERVICE_HEADER = "fairway-unknown-service"
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """What a claim got: its items, and whether the broker knows the service at all."""
+
+    items: list[dict[str, Any]]
+    #: No item came, and no job has named the service: a typo in its name, or an early start.
+    unknown_service: bool = False
+
+
+def claimed(response: httpx.Response) -> Claimed:
+    answer = decode(response)
+    if not answer:
+        return Claimed([], UNKNOWN_SERVICE_HEADER in response.headers)
+    return Claimed(list(answer["work_items"]))
 
 
 def report_call(item_id: int, body: Mapping[str, Any]) -> Call:

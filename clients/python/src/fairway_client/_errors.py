@@ -8,14 +8,19 @@ class FairwayError(Exception):
 
     ``status`` is the HTTP status (None when no answer came: a transport failure), ``code`` the
     API's error code (``"transport"`` for a transport failure, ``"unexpected_answer"`` for an
-    answer that is not the documented document), ``message`` what went wrong.
+    answer that is not the documented document), ``message`` what went wrong, and
+    ``retry_after`` the seconds the broker asked to be left alone for (its ``Retry-After``, on
+    a 503 or a 429), or None.
     """
 
-    def __init__(self, status: int | None, code: str, message: str) -> None:
+    def __init__(
+        self, status: int | None, code: str, message: str, retry_after: float | None = None
+    ) -> None:
         super().__init__(f"{message} ({status or 'no answer'}, {code})")
         self.status = status
         self.code = code
         self.message = message
+        self.retry_after = retry_after
 
     @property
     def is_transient(self) -> bool:
@@ -23,8 +28,10 @@ class FairwayError(Exception):
         unavailable (a 5xx)."""
         return self.status is None or self.status >= 500
 
-    def __reduce__(self) -> tuple[type[FairwayError], tuple[int | None, str, str]]:
-        return (type(self), (self.status, self.code, self.message))
+    def __reduce__(
+        self,
+    ) -> tuple[type[FairwayError], tuple[int | None, str, str, float | None]]:
+        return (type(self), (self.status, self.code, self.message, self.retry_after))
 
 
 class PermanentError(Exception):

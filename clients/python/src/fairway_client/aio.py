@@ -56,7 +56,7 @@ class AsyncClient:
     def __repr__(self) -> str:
         return f"AsyncClient({self.url!r})"
 
-    async def _call(self, call: Call) -> Any:
+    async def _send(self, call: Call) -> httpx.Response:
         headers = {**_core.headers(self._token), **call.headers}
         kwargs: dict[str, Any] = {"params": call.params, "headers": headers}
         if call.body is not None:
@@ -64,10 +64,12 @@ class AsyncClient:
         if call.timeout is not None:
             kwargs["timeout"] = call.timeout
         try:
-            response = await self._http.request(call.method, self.url + call.path, **kwargs)
+            return await self._http.request(call.method, self.url + call.path, **kwargs)
         except httpx.HTTPError as error:
             raise _core.transport_error(error, call) from error
-        return _core.decode(response)
+
+    async def _call(self, call: Call) -> Any:
+        return _core.decode(await self._send(call))
 
     # Producers.
 
@@ -224,11 +226,26 @@ class AsyncClient:
         wait: float = 0,
         strategy: Strategy | None = None,
     ) -> list[dict[str, Any]]:
+        answer = await self._claim_answer(
+            service, querier, worker=worker, max=max, wait=wait, strategy=strategy
+        )
+        return answer.items
+
+    async def _claim_answer(
+        self,
+        service: str,
+        querier: str,
+        *,
+        worker: int,
+        max: int,
+        wait: float,
+        strategy: Strategy | None,
+    ) -> _core.Claimed:
+        """:meth:`claim`, saying too whether the broker knows the service (the worker's)."""
         call = _core.claim_call(
             service, querier, worker=worker, max=max, wait=wait, strategy=strategy
         )
-        answer = await self._call(call)
-        return list(answer["work_items"]) if answer else []
+        return _core.claimed(await self._send(call))
 
     async def report(self, item_id: int, body: Mapping[str, Any]) -> dict[str, Any]:
         answer: dict[str, Any] = await self._call(_core.report_call(item_id, body))

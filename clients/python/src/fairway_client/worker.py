@@ -8,9 +8,11 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import itertools
 import json
 import logging
 import os
+import random
 import re
 import signal
 import socket
@@ -40,8 +42,18 @@ Handler = Callable[[dict[str, Any]], Union[Results, Awaitable[Results]]]
 #: How much of an exception's text becomes the item's error.
 ERROR_MAX_CHARS = 4096
 
-#: Pause after the broker could not be reached, before asking again for work.
-RETRY_PAUSE = 1.0
+#: The first pause after the broker could not answer a work request (503, 429, no connection);
+#: each failure in a row doubles it, with jitter, up to ``LONGEST_BACKOFF``. A longer
+#: ``Retry-After`` from the broker is waited out whole.
+FIRST_BACKOFF = 0.5
+LONGEST_BACKOFF = 30.0
+
+#: Pause between work requests when ``wait`` is under a second, so that an idle worker with no
+#: long poll to wait in does not ask in a tight loop.
+EMPTY_POLL_PAUSE = 1.0
+
+#: Retries of the querier's shutdown the broker did not answer, before giving up on it.
+LEAVE_RETRIES = 4
 
 #: Bounds of the heartbeat period, whatever lease the claim gave.
 MIN_HEARTBEAT = 0.2
@@ -55,6 +67,45 @@ def default_querier() -> str:
     """The querier name a worker asks as unless told otherwise: the host name (in Kubernetes,
     the pod's name) and the process id, so that each worker process is its own querier."""
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+#: Workers made in this process without a querier name, for the default names after the first.
+_default_queriers = itertools.count(1)
+
+
+def backoff_pause(failures: int) -> float:
+    """The pause after ``failures`` + 1 failures in a row: ``FIRST_BACKOFF`` doubled at each
+    failure, plus up to as much again at random, and at most ``LONGEST_BACKOFF``."""
+    pause = min(FIRST_BACKOFF * 2.0 ** min(failures, 16), LONGEST_BACKOFF)
+    return min(pause * (1 + random.random()), LONGEST_BACKOFF)
+
+
+class _Unavailable:
+    """When the broker may be asked for work again after it could not answer, shared by the
+    worker's slots. While it fails, one slot at a time (the holder of ``probe``) asks whether
+    it is back, so that a worker facing a broker that answers nothing but errors sends one
+    request per pause, whatever its concurrency."""
+
+    def __init__(self) -> None:
+        self.failing = False
+        self.until = time.monotonic()
+        self.failures = 0
+        self.probe = asyncio.Lock()
+
+    def failed(self, retry_after: float | None) -> float:
+        """Records that the broker could not answer; returns the pause before the next work
+        request. Failures of requests sent before the pause began do not lengthen it."""
+        now = time.monotonic()
+        self.failing = True
+        if now >= self.until:
+            self.until = now + max(backoff_pause(self.failures), retry_after or 0.0)
+            self.failures += 1
+        return self.until - now
+
+    def answered(self) -> None:
+        """The broker answered: the next failure starts from the shortest pause."""
+        self.failing = False
+        self.failures = 0
 
 
 class Worker:
@@ -73,11 +124,19 @@ class Worker:
     ``report_retry_for`` seconds: the broker answers an identical repeat as it answered the
     first.
 
+    A work request the broker cannot answer (503, 429, no connection) is sent again after a
+    pause, 0.5 s doubling to 30 s with jitter and never shorter than the broker's
+    ``Retry-After``; the pause is shared by the slots, and one slot at a time asks a failing
+    broker whether it is back.
+
     ``run()`` blocks until the worker stops: on SIGTERM or SIGINT (when run in the main thread
-    with ``handle_signals``), or :meth:`stop` from any thread. It then takes no more work,
-    abandons its waiting long polls, finishes the items it holds, reports them, and returns.
-    ``querier`` defaults to the host name and the process id; ``strategy`` (a leaf's name or
-    an expression) is passed to every claim. ``verify`` checks an ``https://`` broker's
+    with ``handle_signals``), or :meth:`stop` from any thread. It then starts no more work
+    requests and shuts its querier down (``POST /queriers/{querier}/shutdown``), which ends its
+    waiting long polls at the broker; it works and reports whatever they still bring and the
+    items it holds, and returns. ``querier`` defaults to the host name and the process id (for
+    the process's first worker without one; ``-2``, ``-3``, ... is added for the next ones, since
+    a querier shut down is refused work for a while); ``strategy`` (a leaf's name or an
+    expression) is passed to every claim. ``verify`` checks an ``https://`` broker's
     certificate, as :class:`~fairway_client.Client`'s does (a path: a private CA's).
     """
 
@@ -107,7 +166,10 @@ class Worker:
         self.service = service
         self.handler = handler
         self.concurrency = concurrency
-        self.querier = querier or default_querier()
+        if not querier:
+            made = next(_default_queriers)
+            querier = default_querier() + (f"-{made}" if made > 1 else "")
+        self.querier = querier
         self.strategy = strategy
         self.wait = wait
         self.heartbeat = heartbeat
@@ -124,14 +186,17 @@ class Worker:
         self._stop_event: asyncio.Event | None = None
         self._fatal: FairwayError | None = None
         self._held = 0
+        self._unavailable: _Unavailable | None = None
+        self._warned_unknown_service = False
 
     @property
     def stopping(self) -> bool:
         return self._stop_requested
 
     def stop(self) -> None:
-        """Stops taking work; :meth:`run` returns once every item held is reported. Safe to
-        call from any thread, or from a signal handler, before or during :meth:`run`."""
+        """Stops taking work and shuts the querier down; :meth:`run` returns once every item
+        held is reported. Safe to call from any thread, or from a signal handler, before or
+        during :meth:`run`."""
         self._stop_requested = True
         loop, event = self._loop, self._stop_event
         if loop is not None and event is not None:
@@ -159,6 +224,7 @@ class Worker:
         handler: call :meth:`stop`)."""
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
+        self._unavailable = _Unavailable()
         if self._stop_requested:
             self._stop_event.set()
         limits = httpx.Limits(max_connections=2 * self.concurrency + 4)
@@ -175,11 +241,19 @@ class Worker:
             self.url,
         )
         try:
+            leave = asyncio.ensure_future(self._leave(client))
             slots = [
                 asyncio.ensure_future(self._slot(client, executor, slot))
                 for slot in range(self.concurrency)
             ]
-            await asyncio.gather(*slots)
+            try:
+                await asyncio.gather(*slots)
+            except BaseException:
+                for task in (*slots, leave):
+                    task.cancel()
+                raise
+            # Every slot ended, so the stop came, and with it the querier's shutdown.
+            await leave
         finally:
             executor.shutdown(wait=True)
             await http.aclose()
@@ -204,48 +278,101 @@ class Worker:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stopped(), seconds)
 
-    async def _slot(self, client: AsyncClient, executor: ThreadPoolExecutor, slot: int) -> None:
-        """One slot: claims an item, works it, reports it, until told to stop. A long poll
-        under way when the stop comes is abandoned: its connection closes, and the broker
-        gives back at once anything it claimed for it."""
-        while not self._stop_requested:
-            claim = asyncio.ensure_future(
-                client.claim(
-                    self.service,
-                    self.querier,
-                    worker=slot % 1024,
-                    max=1,
-                    wait=self.wait,
-                    strategy=self.strategy,
-                )
-            )
-            stopped = asyncio.ensure_future(self._stopped())
-            await asyncio.wait({claim, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            stopped.cancel()
-            if not claim.done():
-                claim.cancel()
-                with contextlib.suppress(asyncio.CancelledError, FairwayError):
-                    await claim
-                break
+    async def _leave(self, client: AsyncClient) -> None:
+        """Once the worker stops, shuts its querier down: the broker ends the querier's waiting
+        work requests (their slots see 410), hands it no more work, and takes it out of its
+        tenants' shards once it holds no lease, so that no shard waits on a worker gone."""
+        await self._stopped()
+        failures = 0
+        while True:
             try:
-                items = claim.result()
+                await client.shutdown_querier(self.querier)
             except FairwayError as error:
-                if error.is_transient:
-                    log.warning("asking for work failed: %s", error)
-                    await self._sleep_unless_stopped(RETRY_PAUSE)
+                if error.status == 404:
+                    return  # never seen by the broker: nothing to leave
+                if (error.is_transient or error.status == 429) and failures < LEAVE_RETRIES:
+                    await asyncio.sleep(max(backoff_pause(failures), error.retry_after or 0.0))
+                    failures += 1
                     continue
-                if error.status == 410:
-                    log.warning("the broker is shutting this querier down: %s", error)
-                else:
-                    log.error("the broker refused this worker's claims: %s", error)
-                    self._fatal = self._fatal or error
-                self.stop()
-                break
-            if not items and self.wait < 1:
-                # No long poll to wait in: pause rather than ask the broker in a tight loop.
-                await self._sleep_unless_stopped(RETRY_PAUSE)
-            for item in items:
+                log.warning(
+                    "cannot shut querier %s down (the broker forgets it in time): %s",
+                    self.querier,
+                    error,
+                )
+                return
+            log.info("querier %s shut down", self.querier)
+            return
+
+    async def _slot(self, client: AsyncClient, executor: ThreadPoolExecutor, slot: int) -> None:
+        """One slot: claims an item, works it, reports it, until told to stop. A work request
+        under way when the stop comes is not abandoned, since the broker may have leased an
+        item for it already: the querier's shutdown ends it, and whatever it brings is worked
+        and reported."""
+        unavailable = self._unavailable
+        assert unavailable is not None
+        while not self._stop_requested:
+            # While the broker fails, one slot at a time asks it whether it is back.
+            probe: asyncio.Lock | None = unavailable.probe if unavailable.failing else None
+            if probe is not None:
+                await probe.acquire()
+                if not unavailable.failing:  # it answered another slot meanwhile
+                    probe.release()
+                    probe = None
+            try:
+                pause = unavailable.until - time.monotonic()
+                if pause > 0:
+                    await self._sleep_unless_stopped(pause)
+                if self._stop_requested:
+                    break
+                try:
+                    claimed = await client._claim_answer(
+                        self.service,
+                        self.querier,
+                        worker=slot % 1024,
+                        max=1,
+                        wait=self.wait,
+                        strategy=self.strategy,
+                    )
+                except FairwayError as error:
+                    if not self._claim_failed(error):
+                        break
+                    continue
+            finally:
+                if probe is not None:
+                    probe.release()
+            unavailable.answered()
+            if claimed.unknown_service and not self._warned_unknown_service:
+                self._warned_unknown_service = True
+                log.warning(
+                    "the broker says no job has named this service, %s: check its name; "
+                    "waiting for work all the same",
+                    self.service,
+                )
+            for item in claimed.items:
                 await self._work(client, executor, item)
+            if not claimed.items and self.wait < 1:
+                # No long poll to wait in: pause rather than ask the broker in a tight loop.
+                await self._sleep_unless_stopped(EMPTY_POLL_PAUSE)
+
+    def _claim_failed(self, error: FairwayError) -> bool:
+        """Deals with a work request that failed; whether the slot asks again."""
+        if error.status == 410:
+            if not self._stop_requested:
+                # Not this worker's own shutdown: an operator's.
+                log.warning("the broker is shutting this querier down: %s", error)
+                self.stop()
+            return False
+        if error.is_transient or error.status == 429:
+            if self._stop_requested:
+                return False
+            assert self._unavailable is not None
+            pause = self._unavailable.failed(error.retry_after)
+            log.warning("asking for work failed; asking again in %.1f s: %s", pause, error)
+            return True
+        log.error("the broker refused this worker's claims: %s", error)
+        self._fatal = self._fatal or error
+        self.stop()
+        return False
 
     async def _work(
         self, client: AsyncClient, executor: ThreadPoolExecutor, item: dict[str, Any]
@@ -334,11 +461,12 @@ class Worker:
             try:
                 answer = await client.report(item_id, report)
             except FairwayError as error:
-                if error.is_transient and time.monotonic() + pause < deadline:
+                wait = max(pause, error.retry_after or 0.0)
+                if error.is_transient and time.monotonic() + wait < deadline:
                     log.warning(
                         "item %d: report got no answer, sending it again: %s", item_id, error
                     )
-                    await asyncio.sleep(pause)
+                    await asyncio.sleep(wait)
                     pause = min(pause * 2, 4.0)
                     continue
                 if error.status == 409:
