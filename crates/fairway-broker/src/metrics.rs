@@ -607,3 +607,38 @@ fn with(labels: &[String], last: &str) -> Vec<String> {
 pub fn content_type() -> String {
     TextEncoder::new().format_type().to_owned()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One refresh with a service's ready item, as the database would answer it.
+    async fn refresh(metrics: &Metrics) {
+        let row = GaugeRow {
+            service: "render".to_owned(),
+            tenant: Some("default".to_owned()),
+            measure: "ready".to_owned(),
+            value: 1.0,
+        };
+        metrics.refresh_gauges(|| async { Ok::<_, String>((vec![row], BTreeMap::new())) }).await;
+    }
+
+    async fn claims_per_second(metrics: &Metrics) -> f64 {
+        let summaries = metrics.service_summaries(&BTreeMap::new(), &BTreeMap::new()).await;
+        summaries.first().map_or(f64::NAN, |summary| summary.claims_per_second)
+    }
+
+    #[tokio::test]
+    async fn a_service_first_seen_does_not_count_its_past_claims_as_one_intervals() {
+        let metrics = Metrics::new(Duration::ZERO, false).expect("metrics");
+        for _ in 0..50 {
+            metrics.claim_answered("render", ClaimOutcome::Item);
+        }
+        refresh(&metrics).await;
+        refresh(&metrics).await;
+        assert_eq!(claims_per_second(&metrics).await, 0.0, "no count from before: no rate");
+        metrics.claim_answered("render", ClaimOutcome::Item);
+        refresh(&metrics).await;
+        assert!(claims_per_second(&metrics).await > 0.0, "a claim since the last refresh");
+    }
+}
