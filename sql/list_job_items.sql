@@ -23,7 +23,8 @@ WITH page AS (
      LIMIT $6
 )
 SELECT wi.id, wi.step_index, wi.status::text, wi.attempt, wi.payload, wi.inputs, wi.results,
-       wi.error, wi.releases, wi.release_reason, wi.not_before, wi.created_at, wi.updated_at
+       wi.error, wi.warning, wi.releases, wi.release_reason, wi.not_before, wi.created_at,
+       wi.updated_at
   FROM page
   JOIN work_items wi ON wi.id = page.id
  ORDER BY wi.id;

@@ -12,7 +12,7 @@
 -- 'ready' and keeps the attempt, so that a late report of it stays stale, but raises the
 -- item's retry_base, so that the attempt does not count against the retry budget; it counts
 -- the release and keeps p_errors[i] as the release's reason, the last failure's error as it
--- was. With
+-- was. A successful ending keeps p_warnings[i], the worker's warning (NULL: none). With
 -- p_expired_only an ending applies only if the lease has expired (the reaper's case). Each
 -- counter row the batch touches moves once, by the batch's summed deltas; a service whose
 -- user's work became claimable is woken.
@@ -52,7 +52,9 @@ CREATE OR REPLACE FUNCTION finish_items(
     -- Ending i's delay in milliseconds when it is scheduled (NULL, or no array: none).
     p_delays_ms bigint[] DEFAULT NULL,
     -- Whether ending i is a worker handing the item back (NULL, or no array: no).
-    p_handed_back boolean[] DEFAULT NULL
+    p_handed_back boolean[] DEFAULT NULL,
+    -- Ending i's warning, kept on a successful item (NULL, or no array: none).
+    p_warnings text[] DEFAULT NULL
 )
 RETURNS TABLE (
     ending integer,
@@ -132,6 +134,7 @@ BEGIN
                               + CASE WHEN p_handed_back[r.i::integer] THEN 1 ELSE 0 END,
                    release_reason = CASE WHEN p_handed_back[r.i::integer]
                                          THEN r.error ELSE wi.release_reason END,
+                   warning = p_warnings[r.i::integer],
                    next_component = r.next_component,
                    attempt = wi.attempt - CASE WHEN r.uncounted THEN 1 ELSE 0 END,
                    ended_as = CASE WHEN r.uncounted THEN wi.ended_as

@@ -75,3 +75,24 @@ async fn a_release_takes_a_reason_and_nothing_a_report_carries() {
     }
     assert_eq!(app.fingerprint().await, before, "a refused release changes nothing");
 }
+
+/// A success may come with a warning (a Harmony service that found no data): the item keeps
+/// it for the producer, and a warning with any other status is refused.
+#[tokio::test]
+async fn a_success_with_a_warning_keeps_it_on_the_item() {
+    let app = spawn_app().await;
+    let job = app.submit_simple("alice", "nodata", 1, true).await;
+    let item = app.claim("nodata").await.expect("an item");
+    let refused = json!({ "status": "failed", "attempt": 1, "warning": "no data" });
+    assert_eq!(app.report(&item, refused).await.status(), StatusCode::BAD_REQUEST);
+    let success = json!({
+        "status": "successful", "attempt": 1, "results": [], "warning": "no data in granule G1",
+    });
+    assert_eq!(app.report(&item, success.clone()).await.status(), StatusCode::OK);
+    // The same report again is recognised as the same: the warning is part of it.
+    assert_eq!(app.report(&item, success).await.status(), StatusCode::OK);
+    let items: Value = app.get(&format!("/jobs/{job}/items")).await.json().await.expect("JSON");
+    assert_eq!(items["items"][0]["warning"], "no data in granule G1", "{items}");
+    assert_eq!(app.job(job).await["status"], "successful");
+    app.assert_consistent().await;
+}

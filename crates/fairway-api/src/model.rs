@@ -481,6 +481,8 @@ pub enum StatusUpdate {
         results: Vec<Value>,
         /// Where the items made from these results go; by default this item's component.
         component: Option<ComponentName>,
+        /// What the worker warns of though it succeeded, kept on the item.
+        warning: Option<String>,
     },
     Failed {
         error: Option<String>,

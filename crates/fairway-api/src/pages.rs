@@ -151,6 +151,9 @@ pub struct ItemDocument {
     pub results: Option<Box<RawValue>>,
     /// Why it failed, when it did (the last attempt's error while it is retried).
     pub error: Option<String>,
+    /// What its worker warned of when it succeeded (no data in a granule, say).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
     /// How often a worker handed it back (status `released`): attempts that did not count.
     pub releases: i32,
     /// The reason the last worker to hand it back gave.

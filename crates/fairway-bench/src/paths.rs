@@ -160,7 +160,11 @@ impl Runner {
     async fn complete(&self, item: &Claimed) -> Result<(), BenchError> {
         match self {
             Self::Broker { broker, .. } => {
-                let update = StatusUpdate::Successful { results: Vec::new(), component: None };
+                let update = StatusUpdate::Successful {
+                    results: Vec::new(),
+                    component: None,
+                    warning: None,
+                };
                 broker
                     .endings()
                     .update_status(WorkItemId(item.id), item.attempt, update, None)

@@ -33,7 +33,7 @@ use fairway_api::retry::RetryPolicy;
 #[derive(Clone)]
 enum Ending {
     /// A worker's report.
-    Successful { results: Vec<Value>, component: Option<ComponentName> },
+    Successful { results: Vec<Value>, component: Option<ComponentName>, warning: Option<String> },
     /// A worker's report.
     Failed { error: Option<String>, retryable: bool },
     /// The lease ran out without a report (the reaper): a retryable failure.
@@ -72,6 +72,8 @@ struct Recorded<'a> {
     uncounted: bool,
     /// A worker handing the item back; `error` holds its reason.
     handed_back: bool,
+    /// A successful ending's warning.
+    warning: Option<&'a str>,
     /// A scheduled retry's delay in milliseconds.
     delay_millis: Option<i64>,
 }
@@ -142,13 +144,20 @@ impl AttemptEnding {
     /// matter). None for an ending no worker reported.
     fn digest(&self) -> Option<Vec<u8>> {
         let report = match &self.ending {
-            Ending::Successful { results, component } => serde_json::json!({
-                "token": self.token,
-                "attempt": self.attempt,
-                "status": "successful",
-                "results": results,
-                "component": component.as_ref().map(ComponentName::as_str),
-            }),
+            Ending::Successful { results, component, warning } => {
+                let mut report = serde_json::json!({
+                    "token": self.token,
+                    "attempt": self.attempt,
+                    "status": "successful",
+                    "results": results,
+                    "component": component.as_ref().map(ComponentName::as_str),
+                });
+                // Only when given, so that a report without one digests as it always did.
+                if let Some(warning) = warning {
+                    report["warning"] = Value::String(warning.clone());
+                }
+                report
+            }
             Ending::Failed { error, retryable } => serde_json::json!({
                 "token": self.token,
                 "attempt": self.attempt,
@@ -209,9 +218,12 @@ impl Endings {
     ) -> Result<ItemStatus, BrokerError> {
         let ending = match update {
             StatusUpdate::Running => return self.extend_lease(id, attempt, token).await,
-            StatusUpdate::Successful { results, component } => {
+            StatusUpdate::Successful { results, component, warning } => {
                 results.iter().try_for_each(|result| reject_nul(result, "a result"))?;
-                Ending::Successful { results, component }
+                if let Some(warning) = &warning {
+                    reject_nul(&Value::String(warning.clone()), "a warning")?;
+                }
+                Ending::Successful { results, component, warning }
             }
             StatusUpdate::Failed { error, retryable } => {
                 if let Some(error) = &error {
@@ -406,6 +418,7 @@ impl Endings {
         let digests: Vec<Option<&[u8]>> = recorded.iter().map(|r| r.digest.as_deref()).collect();
         let uncounted: Vec<bool> = recorded.iter().map(|r| r.uncounted).collect();
         let handed_back: Vec<bool> = recorded.iter().map(|r| r.handed_back).collect();
+        let warnings: Vec<Option<&str>> = recorded.iter().map(|r| r.warning).collect();
         let delays_millis: Vec<Option<i64>> = recorded.iter().map(|r| r.delay_millis).collect();
         let expired_only = condition == LeaseCondition::Expired;
         let wait = owners == Owners::Wait;
@@ -424,6 +437,7 @@ impl Endings {
             tokens: &tokens,
             delays_millis: &delays_millis,
             handed_back: &handed_back,
+            warnings: &warnings,
         };
         let params = finish.params();
         // Each request is sent when its future is first polled, and `biased` has try_join poll
@@ -571,14 +585,16 @@ impl Endings {
                 digest,
                 uncounted: false,
                 handed_back: false,
+                warning: None,
                 delay_millis,
             }
         };
         match &ending.ending {
-            Ending::Successful { results, component } => Recorded {
+            Ending::Successful { results, component, warning } => Recorded {
                 status: ItemStatus::Successful,
                 results: Some(results),
                 error: None,
+                warning: warning.as_deref(),
                 next_component: component.as_ref().map(ComponentName::as_str),
                 digest: ending.digest(),
                 uncounted: false,
@@ -597,6 +613,7 @@ impl Endings {
                 digest: None,
                 uncounted: true,
                 handed_back: false,
+                warning: None,
                 delay_millis: None,
             },
             Ending::HandedBack { reason } => Recorded {
@@ -607,6 +624,7 @@ impl Endings {
                 digest: ending.digest(),
                 uncounted: false,
                 handed_back: true,
+                warning: None,
                 delay_millis: None,
             },
         }

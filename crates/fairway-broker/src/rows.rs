@@ -270,6 +270,7 @@ impl FromRow for ItemDocument {
             inputs: row.try_get::<_, Json<Box<RawValue>>>("inputs")?.0,
             results: row.try_get::<_, Option<Json<Box<RawValue>>>>("results")?.map(|json| json.0),
             error: row.try_get("error")?,
+            warning: row.try_get("warning")?,
             releases: row.try_get("releases")?,
             release_reason: row.try_get("release_reason")?,
             not_before: row.try_get("not_before")?,

@@ -191,10 +191,14 @@ pub struct StatusBody {
     /// With `released`: why the worker hands the item back, for operators.
     #[schema(max_length = 1000)]
     reason: Option<String>,
+    /// With `successful`: what the worker warns of though it succeeded (no data in a
+    /// granule, say), kept on the item.
+    #[schema(max_length = 1000)]
+    warning: Option<String>,
 }
 
-/// Longest reason a release may give, in characters.
-const MAX_REASON_CHARS: usize = 1000;
+/// Longest reason a release, or warning a success, may give, in characters.
+const MAX_TEXT_CHARS: usize = 1000;
 
 /// An item's status after a report.
 #[derive(Serialize, ToSchema)]
@@ -237,17 +241,26 @@ impl StatusBody {
                 "reason is only accepted with status \"released\"",
             ));
         }
-        if self.reason.as_ref().is_some_and(|reason| reason.chars().count() > MAX_REASON_CHARS) {
+        if self.warning.is_some() && !matches!(self.status, ReportedStatus::Successful) {
             return Err(ApiError::bad_request(
                 "invalid_body",
-                format!("reason is longer than {MAX_REASON_CHARS} characters"),
+                "warning is only accepted with status \"successful\"",
             ));
+        }
+        for (field, text) in [("reason", &self.reason), ("warning", &self.warning)] {
+            if text.as_ref().is_some_and(|text| text.chars().count() > MAX_TEXT_CHARS) {
+                return Err(ApiError::bad_request(
+                    "invalid_body",
+                    format!("{field} is longer than {MAX_TEXT_CHARS} characters"),
+                ));
+            }
         }
         Ok(match self.status {
             ReportedStatus::Running => StatusUpdate::Running,
             ReportedStatus::Successful => StatusUpdate::Successful {
                 results: self.results.unwrap_or_default(),
                 component: self.component.as_deref().map(ComponentName::parse).transpose()?,
+                warning: self.warning,
             },
             ReportedStatus::Failed => StatusUpdate::Failed {
                 error: self.error,

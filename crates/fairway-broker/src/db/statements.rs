@@ -150,6 +150,8 @@ statement! {
         delays_millis: &'a [Option<i64>],
         /// A worker handing the item back.
         handed_back: &'a [bool],
+        /// A successful ending's warning.
+        warnings: &'a [Option<&'a str>],
     }
 }
 
