@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use serde_json::json;
+use serde_json::{json, Value};
+use tokio_postgres::types::Json;
 
 use fairway_broker::db::sql::{self, Statement};
 
@@ -252,17 +253,30 @@ async fn hold_users_row(app: &TestApp, user: &str) -> tokio_postgres::Client {
 /// held owners, and returns each answered ending's number and whether it was deferred.
 async fn end_successfully(app: &TestApp, ids: &[i64], attempts: &[i32]) -> Vec<(i32, bool)> {
     let statuses = vec!["successful"; ids.len()];
-    let results = vec![Some(json!([])); ids.len()];
+    let empty: Vec<Value> = Vec::new();
+    let results = vec![Some(Json(&empty)); ids.len()];
     let nothing: Vec<Option<&str>> = vec![None; ids.len()];
     let digests: Vec<Option<&[u8]>> = vec![None; ids.len()];
-    let uncounted = vec![false; ids.len()];
+    let no = vec![false; ids.len()];
     let tokens: Vec<Option<i64>> = vec![None; ids.len()];
     let delays: Vec<Option<i64>> = vec![None; ids.len()];
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 12] = [
-        &ids, &attempts, &statuses, &results, &nothing, &nothing, &digests, &uncounted, &false,
-        &false, &tokens, &delays,
-    ];
-    let rows = app.db.query(sql::FinishItems::SQL, &params).await.expect("finish_items");
+    let finish = sql::FinishItems {
+        ids,
+        attempts,
+        statuses: &statuses,
+        results: &results,
+        errors: &nothing,
+        next_components: &nothing,
+        digests: &digests,
+        uncounted: &no,
+        expired_only: false,
+        wait_for_owners: false,
+        tokens: &tokens,
+        delays_millis: &delays,
+        handed_back: &no,
+        warnings: &nothing,
+    };
+    let rows = app.db.query(sql::FinishItems::SQL, &finish.params()).await.expect("finish_items");
     let mut answers: Vec<(i32, bool)> =
         rows.iter().map(|row| (row.get("ending"), row.get("deferred"))).collect();
     answers.sort_unstable();
