@@ -185,6 +185,46 @@ def test_async_client(broker: Broker) -> None:
     asyncio.run(scenario())
 
 
+def test_release_hands_an_item_back_without_spending_its_attempt(broker: Broker) -> None:
+    service = unique("handed-back")
+    with Client(broker.url) as client:
+        job_id = client.submit(unique("quinn"), [service], ["G1"], retry={"max_attempts": 1})
+        (item,) = client.claim(service, "q")
+        answer = client.release(item["id"], 1, "scratch disk full")
+        assert answer == {"id": item["id"], "status": "ready"}
+        # Sent again (its answer lost, say), the same release gets the same answer.
+        assert client.release(item["id"], 1, "scratch disk full") == answer
+        (listed,) = client.items(job_id)
+        assert (listed["status"], listed["releases"], listed["release_reason"]) == (
+            "ready",
+            1,
+            "scratch disk full",
+        )
+        (again,) = client.claim(service, "q")
+        assert again["attempt"] == 2
+        # The released attempt is over: a late report of it is stale.
+        with pytest.raises(FairwayError) as stale:
+            client.succeed(item["id"], 1, ["late"])
+        assert stale.value.status == 409
+        # One attempt allowed, and this is the second: the release did not count.
+        assert client.fail(again["id"], 2, "timeout")["status"] == "failed"
+
+        job_id = client.submit(unique("quinn"), [service], ["G2"])
+        (item,) = client.claim(service, "q")
+        with pytest.raises(FairwayError) as refused:
+            client.release(item["id"], 1, "x" * 1001)
+        assert (refused.value.status, refused.value.code) == (400, "invalid_body")
+
+    async def scenario() -> None:
+        async with AsyncClient(broker.url) as client:
+            assert await client.release(item["id"], 1) == {"id": item["id"], "status": "ready"}
+            (listed,) = [each async for each in client.items(job_id)]
+            assert listed["releases"] == 1
+            assert "release_reason" not in listed
+
+    asyncio.run(scenario())
+
+
 def utc_text(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from conftest import Broker, TlsBroker, unique, wait_until
-from fairway_client import Client, FairwayError, PermanentError, Worker, default_querier
-from fairway_client.worker import heartbeat_period, parse_timestamp
+from fairway_client import Client, FairwayError, PermanentError, Release, Worker, default_querier
+from fairway_client.worker import Handler, heartbeat_period, parse_timestamp
 
 WORKER_PROCESS = Path(__file__).with_name("worker_process.py")
 
@@ -164,6 +164,84 @@ def test_permanent_error_and_bad_results_fail_the_item_for_good(
         assert "not a list" in items["odd"]["error"]
         assert "not JSON" in items["nan"]["error"]
         assert items["huge"]["error"].startswith("the broker refused the results")
+
+
+class FirstCallReleases:
+    """A handler that hands each item back the first time it sees it, with the reason its
+    payload names, and succeeds the second time."""
+
+    def __init__(self, reasons: dict[str, Any]) -> None:
+        self.reasons = reasons
+        self.seen: set[int] = set()
+        self.lock = threading.Lock()
+
+    def first_call(self, item: dict[str, Any]) -> bool:
+        with self.lock:
+            first = item["id"] not in self.seen
+            self.seen.add(item["id"])
+        return first
+
+    def __call__(self, item: dict[str, Any]) -> list[Any]:
+        if self.first_call(item):
+            raise Release(*self.reasons.get(item["payload"], ()))
+        return [f"{item['payload']} on attempt {item['attempt']}"]
+
+
+@pytest.mark.parametrize("kind", ["thread", "coroutine"])
+def test_a_released_item_goes_again_without_spending_its_attempt(
+    broker: Broker, running: Running, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    service = unique("picky")
+    caplog.set_level(logging.INFO, logger="fairway_client.worker")
+    releases = FirstCallReleases({"G1": ("not now",)})
+
+    async def on_the_loop(item: dict[str, Any]) -> list[Any]:
+        return releases(item)
+
+    handler: Handler = releases if kind == "thread" else on_the_loop
+    running.start(Worker(broker.url, service=service, handler=handler, wait=2))
+    with Client(broker.url) as client:
+        # One attempt: had the release spent it, the item would have failed for good.
+        job_id = client.submit(unique("olga"), [service], ["G1"], retry={"max_attempts": 1})
+        assert client.wait(job_id, timeout=30)["status"] == "successful"
+        (item,) = client.items(job_id)
+        assert item["status"] == "successful"
+        assert item["attempt"] == 2, "the release's attempt stays, so the next one is 2"
+        assert item["releases"] == 1
+        assert item["release_reason"] == "not now"
+        assert item["results"] == ["G1 on attempt 2"]
+        assert item["error"] is None
+    handed_back = [
+        record
+        for record in caplog.records
+        if record.name == "fairway_client.worker" and "handed back" in record.getMessage()
+    ]
+    assert [record.levelno for record in handed_back] == [logging.INFO]
+    assert f"item {item['id']} handed back: not now" in handed_back[0].getMessage()
+
+
+def test_a_release_without_a_reason_or_with_one_the_broker_refuses(
+    broker: Broker, running: Running
+) -> None:
+    service = unique("reasons")
+    releases = FirstCallReleases({"long": ("x" * 1500,), "nul": ("a\x00b",), "bare": ()})
+    running.start(Worker(broker.url, service=service, handler=releases, wait=2))
+    with Client(broker.url) as client:
+        job_id = client.submit(
+            unique("pia"), [service], ["long", "nul", "bare"], retry={"max_attempts": 1}
+        )
+        assert client.wait(job_id, timeout=30)["status"] == "successful"
+        items = {item["payload"]: item for item in client.items(job_id)}
+        assert {payload: item["releases"] for payload, item in items.items()} == {
+            "long": 1,
+            "nul": 1,
+            "bare": 1,
+        }
+        # Cut to the broker's 1000 characters; a NUL it refuses: handed back without it.
+        assert items["long"]["release_reason"] == "x" * 1000
+        assert "release_reason" not in items["nul"]
+        assert "release_reason" not in items["bare"]
+        assert all(item["attempt"] == 2 for item in items.values())
 
 
 def test_async_handler_and_strategy(broker: Broker, running: Running) -> None:

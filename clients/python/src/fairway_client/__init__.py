@@ -2,15 +2,16 @@
 
 Producers use :class:`Client` (or :class:`AsyncClient`); a service's pods run a
 :class:`Worker`. Every refusal of the broker raises :class:`FairwayError`; a handler raises
-:class:`PermanentError` to fail an item for good. ``fairway-harmony`` (the ``harmony`` extra)
-runs Harmony service adapters as workers: see :mod:`fairway_client.harmony`.
+:class:`PermanentError` to fail an item for good, or :class:`Release` to hand it back unworked.
+``fairway-harmony`` (the ``harmony`` extra) runs Harmony service adapters as workers: see
+:mod:`fairway_client.harmony`.
 """
 
 from ._core import FINISHED_STATUSES, Backoff, Duration, RetryPolicy, Verify
-from ._errors import FairwayError, PermanentError
+from ._errors import FairwayError, PermanentError, Release
 from .aio import AsyncClient
 from .client import Client
-from .worker import Worker, default_querier
+from .worker import Succeeded, Worker, default_querier
 
 __version__ = "0.1.0"
 
@@ -26,7 +27,9 @@ __all__ = [
     "Duration",
     "FairwayError",
     "PermanentError",
+    "Release",
     "RetryPolicy",
+    "Succeeded",
     "Verify",
     "Worker",
     "__version__",

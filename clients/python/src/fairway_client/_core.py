@@ -359,16 +359,29 @@ def report_call(item_id: int, body: Mapping[str, Any]) -> Call:
 
 
 def successful(
-    attempt: int, results: Sequence[Any], component: str | None = None
+    attempt: int,
+    results: Sequence[Any],
+    component: str | None = None,
+    *,
+    warning: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"status": "successful", "attempt": attempt, "results": list(results)}
     if component is not None:
         body["component"] = component
+    if warning is not None:
+        body["warning"] = warning
     return body
 
 
 def failed(attempt: int, error: str | None, retryable: bool = True) -> dict[str, Any]:
     return {"status": "failed", "attempt": attempt, "error": error, "retryable": retryable}
+
+
+def released(attempt: int, reason: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"status": "released", "attempt": attempt}
+    if reason is not None:
+        body["reason"] = reason
+    return body
 
 
 def running(attempt: int) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The one exception the client raises, and the one a handler raises to fail for good."""
+"""The one exception the client raises, and the two a handler raises: to fail for good, and
+to hand the item back unworked."""
 
 from __future__ import annotations
 
@@ -38,3 +39,18 @@ class PermanentError(Exception):
     """Raised by a worker's handler: the item fails for good (``retryable: false``), with this
     exception's text as its error. Any other exception fails the attempt and the broker retries
     the item, up to its ``--max-retries``."""
+
+
+class Release(Exception):
+    """Raised by a worker's handler that cannot work the item now (a full disk, a missing
+    mount): the item is handed back unworked (``"status": "released"``), ready again at once
+    for any worker (this one too), and the attempt does not count against the job's retry
+    budget. ``reason``, if given, is kept on the item for operators (its first 1000
+    characters)::
+
+        raise Release("disk full, try elsewhere")
+    """
+
+    def __init__(self, reason: str | None = None) -> None:
+        super().__init__(*(() if reason is None else (reason,)))
+        self.reason = reason

@@ -2,13 +2,15 @@
 ``python -m fairway_client._harmony_invoke TASK``, where TASK is the JSON file
 :class:`fairway_client.harmony.HarmonyHandler` wrote. It builds the input catalog, calls
 harmony-service-lib's command line (``setup_cli`` and ``run_cli``) with the arguments Harmony
-passes, and writes ``outcome.json`` beside TASK: the output catalogs, or the error and whether
-another attempt may help."""
+passes, and writes ``outcome.json`` beside TASK: the output catalogs (with a warning, for a
+service that found no data), or the error and whether another attempt may help, as Harmony
+decides from a ``HarmonyException``'s level and category."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import sys
@@ -16,7 +18,16 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .harmony import MESSAGE_FILE, is_url, join_location, load_adapter, local_path
+from .harmony import (
+    PAYLOAD_FILE,
+    QuietConfig,
+    is_url,
+    join_location,
+    load_adapter,
+    local_path,
+    service_message,
+    step_operations,
+)
 
 
 def sources_catalog(inputs: list[str], workdir: Path) -> str:
@@ -69,8 +80,9 @@ def output_catalogs(outputs: str, metadata_dir: str) -> list[str]:
     return [join_location(outputs, name) for name in (names or ["catalog.json"])]
 
 
-class NoMessage(Exception):
-    """An aggregating item's inputs carry no message beside them."""
+class BadPayload(Exception):
+    """The item's payload cannot be worked, whatever the attempt: an aggregating item whose
+    inputs carry no payload beside them, or ``steps`` of the wrong shape."""
 
 
 def read_text(location: str) -> str:
@@ -117,20 +129,62 @@ def stage_locally() -> None:
     aws.stage = stage
 
 
+def watch_http_downloads() -> None:
+    """Says once, in the service's log, what an ``http(s)`` download needs that this runner
+    cannot give it: the message's ``accessToken`` (harmony-service-lib 3.0 downloads over http
+    only with one, and fails obscurely without), decrypted with ``SHARED_SECRET_KEY`` (unset,
+    it is harmony-service-lib's default key, which only a message encrypted with that same
+    default can use). harmony-service-lib's own warning, at every configuration it builds, is
+    dropped (:class:`~fairway_client.harmony.QuietConfig`)."""
+    from harmony_service_lib import http
+    from harmony_service_lib.logging import build_logger
+    from harmony_service_lib.util import DEFAULT_SHARED_SECRET_KEY
+
+    download = http.download
+    warned = False
+
+    def checked(config: Any, url: str, access_token: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal warned
+        if not warned:
+            warned = True
+            if access_token is None:
+                build_logger(config).warning(
+                    f"downloading {url} needs the message's accessToken, the user's Earthdata "
+                    "Login token encrypted with SHARED_SECRET_KEY, as Harmony sends it: this "
+                    "message has none"
+                )
+            elif config.shared_secret_key == DEFAULT_SHARED_SECRET_KEY:
+                build_logger(config).warning(
+                    "SHARED_SECRET_KEY is not set: the message's accessToken was decrypted "
+                    "with harmony-service-lib's default (insecure) key; set it to the key "
+                    "Harmony encrypts accessToken with"
+                )
+        return download(config, url, access_token, *args, **kwargs)
+
+    # harmony_service_lib.util.download calls this one by its module.
+    http.download = checked
+
+
 def invoke(task: dict[str, Any]) -> list[str]:
     import harmony_service_lib
 
     workdir = Path(task["workdir"])
     adapter_class = load_adapter(task["adapter"])
-    message = task["message"]
-    if message is None:
+    payload = task["payload"]
+    if payload is None:
         try:
-            message = json.loads(read_text(task["message_from"]))
+            payload = json.loads(read_text(task["payload_from"]))
         except FileNotFoundError:
-            raise NoMessage(
-                f"no payload and no {MESSAGE_FILE} beside the first input "
-                f"({task['message_from']}): was the step before run by fairway-harmony?"
+            raise BadPayload(
+                f"no payload and no {PAYLOAD_FILE} beside the first input "
+                f"({task['payload_from']}): was the step before run by fairway-harmony?"
             ) from None
+    step = int(task.get("step") or 0)
+    try:
+        step_operations(payload.get("steps"), step)
+    except ValueError as error:
+        raise BadPayload(str(error)) from None
+    message = service_message(payload, step, task["item"], task["attempt"])
     message_file = workdir / "message.json"
     message_file.write_text(json.dumps(message))
     outputs: str = task["outputs"]
@@ -149,15 +203,33 @@ def invoke(task: dict[str, Any]) -> list[str]:
     if task.get("data_location"):
         argv += ["--harmony-data-location", task["data_location"]]
     stage_locally()
+    watch_http_downloads()
     parser = argparse.ArgumentParser(prog=task["adapter"])
     harmony_service_lib.setup_cli(parser)
     args = parser.parse_args(argv)
     harmony_service_lib.run_cli(parser, args, adapter_class)
-    write_text(join_location(outputs, MESSAGE_FILE), json.dumps(message))
+    # The whole payload, every step's operations and the request's own stagingLocation, for
+    # the aggregating step after this one.
+    write_text(join_location(outputs, PAYLOAD_FILE), json.dumps(payload))
     return output_catalogs(outputs, metadata_dir)
 
 
+def harmony_outcome(error: Exception) -> dict[str, Any]:
+    """What a ``HarmonyException`` makes of the item, as Harmony decides from its level and
+    category: a warning ends it successful with no output; category ``noretry`` fails it for
+    good; any other category fails the attempt, and the job's retry policy applies."""
+    message = str(getattr(error, "message", None) or error)
+    level = str(getattr(error, "level", None) or "").lower()
+    category = str(getattr(error, "category", None) or "").lower()
+    if level == "warning":
+        return {"catalogs": [], "warning": message}
+    return {"error": message, "retryable": category != "noretry"}
+
+
 def main(task_file: str) -> int:
+    # harmony-service-lib logs its configuration, with a warning about SHARED_SECRET_KEY, each
+    # time it builds it (twice per invocation); watch_http_downloads warns when it matters.
+    logging.getLogger().addFilter(QuietConfig())
     task = json.loads(Path(task_file).read_text())
     outcome_file = Path(task["workdir"]) / "outcome.json"
     from harmony_service_lib.exceptions import HarmonyException
@@ -165,11 +237,10 @@ def main(task_file: str) -> int:
     outcome: dict[str, Any]
     try:
         outcome = {"catalogs": invoke(task)}
-    except NoMessage as error:
+    except BadPayload as error:
         outcome = {"error": str(error), "retryable": False}
     except HarmonyException as error:
-        # The service's own verdict on the request: another attempt would say the same.
-        outcome = {"error": str(error.message or error), "retryable": False}
+        outcome = harmony_outcome(error)
     except SystemExit as error:
         outcome = {
             "error": f"harmony-service-lib refused the invocation (exit {error.code})",

@@ -261,13 +261,20 @@ class AsyncClient:
         results: Sequence[Any],
         *,
         component: str | None = None,
+        warning: str | None = None,
     ) -> dict[str, Any]:
-        return await self.report(item_id, _core.successful(attempt, results, component))
+        body = _core.successful(attempt, results, component, warning=warning)
+        return await self.report(item_id, body)
 
     async def fail(
         self, item_id: int, attempt: int, error: str | None, *, retryable: bool = True
     ) -> dict[str, Any]:
         return await self.report(item_id, _core.failed(attempt, error, retryable))
+
+    async def release(
+        self, item_id: int, attempt: int, reason: str | None = None
+    ) -> dict[str, Any]:
+        return await self.report(item_id, _core.released(attempt, reason))
 
     async def shutdown_querier(self, querier: str) -> None:
         await self._call(_core.querier_shutdown_call(querier))

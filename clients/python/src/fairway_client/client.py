@@ -288,13 +288,21 @@ class Client:
         results: Sequence[Any],
         *,
         component: str | None = None,
+        warning: str | None = None,
     ) -> dict[str, Any]:
-        return self.report(item_id, _core.successful(attempt, results, component))
+        body = _core.successful(attempt, results, component, warning=warning)
+        return self.report(item_id, body)
 
     def fail(
         self, item_id: int, attempt: int, error: str | None, *, retryable: bool = True
     ) -> dict[str, Any]:
         return self.report(item_id, _core.failed(attempt, error, retryable))
+
+    def release(self, item_id: int, attempt: int, reason: str | None = None) -> dict[str, Any]:
+        """Hands the item back unworked: it is ready again at once, and the attempt does not
+        count against the job's retry budget. ``reason`` (at most 1000 characters) is kept on
+        the item as its ``release_reason``."""
+        return self.report(item_id, _core.released(attempt, reason))
 
     def shutdown_querier(self, querier: str) -> None:
         """Tells the broker that ``querier`` is leaving: it gets no more work."""

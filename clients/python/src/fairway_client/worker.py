@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from types import FrameType
 from typing import Any, Callable, Union
@@ -28,7 +29,7 @@ import httpx
 
 from . import _core
 from ._core import Strategy, Verify
-from ._errors import FairwayError, PermanentError
+from ._errors import FairwayError, PermanentError, Release
 from .aio import AsyncClient
 
 log = logging.getLogger("fairway_client.worker")
@@ -36,11 +37,27 @@ log = logging.getLogger("fairway_client.worker")
 #: What a handler returns: the item's results, a list of JSON values.
 Results = Sequence[Any]
 
+
+@dataclass(frozen=True)
+class Succeeded:
+    """What a handler may return in place of its results, to end the item ``successful`` with a
+    ``warning`` the broker keeps on the item (``GET /jobs/{id}/items`` shows it): a Harmony
+    service that found no data in its granule succeeds with no results and says so."""
+
+    results: Results = ()
+    warning: str | None = None
+
+
 #: A handler: the work item's dict in, its results out; a coroutine function is awaited.
-Handler = Callable[[dict[str, Any]], Union[Results, Awaitable[Results]]]
+Handler = Callable[
+    [dict[str, Any]], Union[Results, Succeeded, Awaitable[Union[Results, Succeeded]]]
+]
 
 #: How much of an exception's text becomes the item's error.
 ERROR_MAX_CHARS = 4096
+
+#: How much of a :class:`~fairway_client.Release`'s reason is sent (the broker's limit).
+REASON_MAX_CHARS = 1000
 
 #: The first pause after the broker could not answer a work request (503, 429, no connection);
 #: each failure in a row doubles it, with jitter, up to ``LONGEST_BACKOFF``. A longer
@@ -113,13 +130,18 @@ class Worker:
 
     ``handler(item)`` gets the work item's dict (``id``, ``job_id``, ``step``, ``payload``,
     ``inputs``, ``attempt``, ``user``, ``tenant``, ...) and returns its results, a list of JSON
-    values: the item is reported ``successful`` with them. An exception reports it ``failed``
+    values: the item is reported ``successful`` with them (:class:`Succeeded` adds a warning).
+    An exception reports it ``failed``
     with ``retryable: true`` and the exception's text as its error;
-    :class:`~fairway_client.PermanentError` reports ``retryable: false``. A coroutine function
-    is awaited on the worker's event loop; any other function runs in a thread of its own.
+    :class:`~fairway_client.PermanentError` reports ``retryable: false``;
+    :class:`~fairway_client.Release` hands the item back unworked (``released``, with its
+    reason), ready again at once and its attempt not counted. A coroutine function is awaited
+    on the worker's event loop; any other function runs in a thread of its own.
 
     While a handler runs, the worker extends the item's lease every half of the lease the
-    claim gave (or every ``heartbeat`` seconds when given). A report that gets no answer (the
+    claim gave (or every ``heartbeat`` seconds when given, and that half when it is shorter);
+    once the broker refuses a heartbeat (the job was canceled, the lease ran out), it gives the
+    item up, cancelling an async handler. A report that gets no answer (the
     broker restarting, a dropped connection, a 5xx) is sent again for up to
     ``report_retry_for`` seconds: the broker answers an identical repeat as it answered the
     first.
@@ -383,7 +405,11 @@ class Worker:
         try:
             log.info("item %d (attempt %d) of job %s: working", item_id, attempt, item["job_id"])
             handled = asyncio.ensure_future(self._handle(executor, item))
-            period = self.heartbeat or heartbeat_period(item.get("lease_expires_at"))
+            period = heartbeat_period(item.get("lease_expires_at"))
+            if self.heartbeat is not None:
+                # More often when asked (a cancel then lands sooner), never less often than
+                # the lease needs.
+                period = min(self.heartbeat, period)
             beating = asyncio.ensure_future(self._heartbeat(client, item_id, attempt, period))
             await asyncio.wait({handled, beating}, return_when=asyncio.FIRST_COMPLETED)
             if not handled.done():
@@ -419,12 +445,22 @@ class Worker:
                 )
                 if inspect.isawaitable(results):
                     results = await results
+        except Release as release:
+            reason = release_reason(release)
+            log.info("item %s handed back: %s", item["id"], reason or "no reason given")
+            return _core.released(attempt, reason)
         except PermanentError as error:
             log.warning("item %s failed for good: %s", item["id"], error_text(error))
             return _core.failed(attempt, error_text(error), retryable=False)
         except Exception as error:
             log.warning("item %s failed: %s", item["id"], error_text(error), exc_info=True)
             return _core.failed(attempt, error_text(error), retryable=True)
+        warning: str | None = None
+        if isinstance(results, Succeeded):
+            results, warning = results.results, results.warning
+            if warning is not None:
+                warning = str(warning)[:ERROR_MAX_CHARS]
+                log.warning("item %s succeeded with a warning: %s", item["id"], warning)
         if not isinstance(results, (list, tuple)):
             problem = f"the handler returned {type(results).__name__}, not a list of results"
             log.error("item %s: %s", item["id"], problem)
@@ -436,7 +472,7 @@ class Worker:
             problem = f"the handler's results are not JSON: {error}"
             log.error("item %s: %s", item["id"], problem)
             return _core.failed(attempt, problem, retryable=False)
-        return _core.successful(attempt, results)
+        return _core.successful(attempt, results, warning=warning)
 
     async def _heartbeat(
         self, client: AsyncClient, item_id: int, attempt: int, period: float
@@ -481,6 +517,15 @@ class Worker:
                     await self._report(
                         client, item_id, _core.failed(report["attempt"], refused, retryable=False)
                     )
+                elif error.status == 400 and report["status"] == "released" and "reason" in report:
+                    # A reason the broker will not keep (a NUL character, say): the item goes
+                    # back all the same, without it.
+                    log.warning(
+                        "item %d: the broker refused the release's reason, releasing without: %s",
+                        item_id,
+                        error,
+                    )
+                    await self._report(client, item_id, _core.released(report["attempt"]))
                 else:
                     log.error(
                         "item %d: report failed; the lease will return the item: %s",
@@ -501,6 +546,13 @@ class Worker:
 def error_text(error: BaseException) -> str:
     text = str(error) or type(error).__name__
     return text[:ERROR_MAX_CHARS]
+
+
+def release_reason(release: Release) -> str | None:
+    """The reason a release sends: the one given, as text, within the broker's limit."""
+    if release.reason is None:
+        return None
+    return str(release.reason)[:REASON_MAX_CHARS]
 
 
 _TIMESTAMP = re.compile(
