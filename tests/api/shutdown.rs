@@ -260,18 +260,9 @@ async fn each_request_logs_a_json_line_with_its_request_id_at_debug() {
     let made = made.headers()["x-request-id"].to_str().expect("ASCII").to_owned();
     assert_eq!(made.len(), 36, "a generated request id is a UUID: {made}");
 
-    let pid = Pid::from_raw(i32::try_from(child.id().expect("pid")).expect("pid fits"));
-    kill(pid, Signal::SIGTERM).expect("SIGTERM");
-    let output = tokio::time::timeout(SHUTDOWN_TIMEOUT, child.wait_with_output())
-        .await
-        .expect("exits")
-        .expect("output");
-    let logs = String::from_utf8(output.stdout).expect("UTF-8 logs");
+    let logs = stdout_until_stopped(child).await;
     assert!(!logs.contains('\u{1b}'), "ANSI escapes in logs written to a pipe: {logs}");
-    let lines: Vec<Value> = logs
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}")))
-        .collect();
+    let lines = json_lines(&logs);
     let request = |id: &str| {
         lines
             .iter()
@@ -292,16 +283,21 @@ async fn each_request_logs_a_json_line_with_its_request_id_at_debug() {
     assert!(message.contains(&format!("{base}/ui/")) && message.contains("/docs/"), "{message}");
 }
 
-/// The JSON log lines a broker process wrote until SIGTERM stopped it.
-async fn logs_until_stopped(child: Child) -> Vec<Value> {
+/// What a broker process wrote to standard output until SIGTERM stopped it.
+async fn stdout_until_stopped(child: Child) -> String {
     let pid = Pid::from_raw(i32::try_from(child.id().expect("pid")).expect("pid fits"));
     kill(pid, Signal::SIGTERM).expect("SIGTERM");
     let output = tokio::time::timeout(SHUTDOWN_TIMEOUT, child.wait_with_output())
         .await
         .expect("exits")
         .expect("output");
-    let logs = String::from_utf8(output.stdout).expect("UTF-8 logs");
-    logs.lines().map(|line| serde_json::from_str(line).expect("a JSON line")).collect()
+    String::from_utf8(output.stdout).expect("UTF-8 logs")
+}
+
+fn json_lines(logs: &str) -> Vec<Value> {
+    let parse =
+        |line: &str| serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}"));
+    logs.lines().map(parse).collect()
 }
 
 #[tokio::test]
@@ -310,7 +306,8 @@ async fn a_healthy_start_and_stop_log_no_warning_and_each_migration_once() {
     let (first, _) = broker_process(&config, Stdio::piped()).await;
     // A second broker finds the schema made: nothing of it is news.
     let (second, _) = broker_process(&config, Stdio::piped()).await;
-    let (first, second) = (logs_until_stopped(first).await, logs_until_stopped(second).await);
+    let first = json_lines(&stdout_until_stopped(first).await);
+    let second = json_lines(&stdout_until_stopped(second).await);
     for lines in [&first, &second] {
         let loud: Vec<&Value> = lines
             .iter()
