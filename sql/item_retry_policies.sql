@@ -1,5 +1,5 @@
--- For each of items $1, the attempt its retry budget counts from (see V8__operator_retries.sql)
--- and its job's retry policy (all NULL: none; see V9__scheduled_items.sql).
+-- For each of items $1, the attempt its retry budget counts from (retry_base: raised by an
+-- operator's retry and by a worker's release) and its job's retry policy (all NULL: none).
 SELECT wi.id, wi.retry_base, j.retry_max_attempts, j.retry_backoff, j.retry_initial_ms,
        j.retry_max_ms
   FROM work_items wi
