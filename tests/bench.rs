@@ -8,7 +8,8 @@
 
 use clap::Parser;
 use fairway_bench::args::BenchArgs;
-use fairway_broker::db::sql::{CheckConsistency, Statement};
+use fairway_broker::db::sql::Statement;
+use fairway_broker::statements::counters::CheckConsistency;
 use serde_json::Value;
 
 // Only the connection helpers are used here.

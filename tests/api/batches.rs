@@ -7,7 +7,8 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio_postgres::types::Json;
 
-use fairway_broker::db::sql::{self, Statement};
+use fairway_broker::db::sql::Statement;
+use fairway_broker::statements::{claims, endings};
 
 use crate::helpers::{spawn_app, TestApp};
 
@@ -31,7 +32,7 @@ async fn one_claim_batch_answers_each_request_for_its_own_querier() {
     let rows = app
         .db
         .query(
-            sql::ClaimItems::SQL,
+            claims::ClaimItems::SQL,
             &[
                 &&services[..],
                 &&queriers[..],
@@ -260,7 +261,7 @@ async fn end_successfully(app: &TestApp, ids: &[i64], attempts: &[i32]) -> Vec<(
     let no = vec![false; ids.len()];
     let tokens: Vec<Option<i64>> = vec![None; ids.len()];
     let delays: Vec<Option<i64>> = vec![None; ids.len()];
-    let finish = sql::FinishItems {
+    let finish = endings::FinishItems {
         ids,
         attempts,
         statuses: &statuses,
@@ -276,7 +277,8 @@ async fn end_successfully(app: &TestApp, ids: &[i64], attempts: &[i32]) -> Vec<(
         handed_back: &no,
         warnings: &nothing,
     };
-    let rows = app.db.query(sql::FinishItems::SQL, &finish.params()).await.expect("finish_items");
+    let rows =
+        app.db.query(endings::FinishItems::SQL, &finish.params()).await.expect("finish_items");
     let mut answers: Vec<(i32, bool)> =
         rows.iter().map(|row| (row.get("ending"), row.get("deferred"))).collect();
     answers.sort_unstable();

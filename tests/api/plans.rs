@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use fairway_api::strategy::Strategy;
-use fairway_broker::db::sql::{self, Statement};
+use fairway_broker::db::sql::Statement;
+use fairway_broker::statements::{claims, counters, endings, jobs, maintenance, tenancy};
 
 use crate::helpers::{fresh_database, spawn_app_with, TestApp};
 
@@ -307,32 +308,32 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
     assert_metrics_gauges_probe_the_backlog(&db).await;
 
     let statements = [
-        ("count_outstanding", sql::CountOutstanding::SQL, "'tenant-7'".to_owned()),
-        ("has_claimable_work", sql::HasClaimableWork::SQL, "'svc', 'pod-0'".to_owned()),
-        ("extend_lease", sql::ExtendLease::SQL, format!("{item}, 1, 300000, NULL")),
-        ("find_expired_leases", sql::FindExpiredLeases::SQL, "500".to_owned()),
-        ("retire_queriers", sql::RetireQueriers::SQL, "60000".to_owned()),
-        ("refresh_job_status", sql::RefreshJobStatus::SQL, format!("ARRAY['{job}']::uuid[]")),
-        ("lock_job_owner", sql::LockJobOwner::SQL, format!("'{job}'")),
+        ("count_outstanding", jobs::CountOutstanding::SQL, "'tenant-7'".to_owned()),
+        ("has_claimable_work", claims::HasClaimableWork::SQL, "'svc', 'pod-0'".to_owned()),
+        ("extend_lease", endings::ExtendLease::SQL, format!("{item}, 1, 300000, NULL")),
+        ("find_expired_leases", endings::FindExpiredLeases::SQL, "500".to_owned()),
+        ("retire_queriers", tenancy::RetireQueriers::SQL, "60000".to_owned()),
+        ("refresh_job_status", endings::RefreshJobStatus::SQL, format!("ARRAY['{job}']::uuid[]")),
+        ("lock_job_owner", jobs::LockJobOwner::SQL, format!("'{job}'")),
         // Submission: a step's queue rows, whose ready_from is read off the primary key's end.
         (
             "create_step_queues",
-            sql::CreateStepQueues::SQL,
+            counters::CreateStepQueues::SQL,
             format!("'{job}', 0, ARRAY['{component}', 'querier']"),
         ),
         (
             "list_user_work",
-            sql::ListUserWork::SQL,
+            maintenance::ListUserWork::SQL,
             "NULL, NULL, 1000, NULL, NULL, NULL, NULL, NULL".to_owned(),
         ),
         (
             "list_user_work by user",
-            sql::ListUserWork::SQL,
+            maintenance::ListUserWork::SQL,
             "'svc', 'user-7', 1000, NULL, NULL, NULL, NULL, NULL".to_owned(),
         ),
         (
             "list_user_work after a cursor",
-            sql::ListUserWork::SQL,
+            maintenance::ListUserWork::SQL,
             format!("NULL, NULL, 1000, 'user-5', 'svc', '{job}', 0, 'unknown'"),
         ),
     ];
@@ -424,7 +425,7 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
 async fn assert_metrics_gauges_probe_the_backlog(db: &tokio_postgres::Client) {
     for mode in ["force_custom_plan", "force_generic_plan"] {
         db.batch_execute(&format!("SET plan_cache_mode = {mode}")).await.expect("plan mode");
-        let plan = plan(db, sql::RefreshMetrics::SQL, "0").await;
+        let plan = plan(db, maintenance::RefreshMetrics::SQL, "0").await;
         let mut indexes = BTreeSet::new();
         for node in nodes(&plan) {
             if node["Relation Name"] == "work_items" {
@@ -444,7 +445,7 @@ async fn assert_metrics_gauges_probe_the_backlog(db: &tokio_postgres::Client) {
     }
     db.batch_execute("RESET plan_cache_mode").await.expect("plan mode");
     let started = Instant::now();
-    db.query_one(sql::RefreshMetrics::SQL, &[&0_i64]).await.expect("take the gauges");
+    db.query_one(maintenance::RefreshMetrics::SQL, &[&0_i64]).await.expect("take the gauges");
     eprintln!("the queue gauges took {:?} at a million items", started.elapsed());
 }
 
@@ -592,7 +593,7 @@ async fn items_are_addressed_by_primary_key_while_statistics_lag() {
     db.batch_execute(AUTO_EXPLAIN).await.expect("auto_explain");
     for mode in ["force_custom_plan", "force_generic_plan"] {
         db.batch_execute(&format!("SET plan_cache_mode = {mode}")).await.expect("plan mode");
-        let extend = plan(&db, sql::ExtendLease::SQL, "24000, 1, 300000, NULL").await;
+        let extend = plan(&db, endings::ExtendLease::SQL, "24000, 1, 300000, NULL").await;
         let mut plans = vec![("extend_lease".to_owned(), extend)];
         plans.extend(nested_plans(&db, &mut notices, &finish(24000, 1)).await);
         for (name, plan) in &plans {
@@ -740,60 +741,65 @@ async fn pruning_and_listings_are_index_ranges_at_a_million_finished_items() {
     let statements = [
         (
             "find_prunable_jobs",
-            sql::FindPrunableJobs::SQL,
+            maintenance::FindPrunableJobs::SQL,
             "604800000, 100".to_owned(),
             &["jobs_finished"][..],
         ),
         (
             "prune_items",
-            sql::PruneItems::SQL,
+            maintenance::PruneItems::SQL,
             format!("{oldest}, 1000"),
             &["work_items_by_job_status"][..],
         ),
-        ("prune_jobs", sql::PruneJobs::SQL, oldest.clone(), &["work_items_by_job_status"][..]),
+        (
+            "prune_jobs",
+            maintenance::PruneJobs::SQL,
+            oldest.clone(),
+            &["work_items_by_job_status"][..],
+        ),
         (
             "list_job_items",
-            sql::ListJobItems::SQL,
+            jobs::ListJobItems::SQL,
             format!("'{job}', {all_items}, 0, 2147483647, 0, 1000"),
             &["work_items_by_job_status"][..],
         ),
         (
             "list_job_items (results)",
-            sql::ListJobItems::SQL,
+            jobs::ListJobItems::SQL,
             format!("'{job}', ARRAY['successful'], 1, 1, 0, 1000"),
             &["work_items_by_job_status"][..],
         ),
         (
             "list_jobs of a user",
-            sql::ListJobs::SQL,
+            jobs::ListJobs::SQL,
             format!("'user-big', NULL, ARRAY['successful', 'running'], {far_future}, 1000, NULL"),
             &["jobs_by_user_status", "jobs_by_tenant_status"][..],
         ),
         (
             "list_jobs of a user on a service",
-            sql::ListJobs::SQL,
+            jobs::ListJobs::SQL,
             format!("'user-big', NULL, ARRAY['successful', 'running'], {far_future}, 1000, 'svc'"),
             &["jobs_by_user_status", "jobs_by_tenant_status"][..],
         ),
         (
             "list_jobs of a user in a tenant",
-            sql::ListJobs::SQL,
+            jobs::ListJobs::SQL,
             format!("'user-big', 'tenant-big', ARRAY['successful'], {far_future}, 1000, NULL"),
             &["jobs_by_user_status", "jobs_by_tenant_status"][..],
         ),
         (
             "list_jobs of a tenant",
-            sql::ListJobs::SQL,
+            jobs::ListJobs::SQL,
             format!("NULL, 'tenant-big', ARRAY['successful', 'failed'], {far_future}, 1000, NULL"),
             &["jobs_by_tenant_status", "jobs_by_user_status"][..],
         ),
         (
             "list_jobs of a tenant on a service",
-            sql::ListJobs::SQL,
+            jobs::ListJobs::SQL,
             format!("NULL, 'tenant-big', ARRAY['successful', 'failed'], {far_future}, 1000, 'svc'"),
             &["jobs_by_tenant_status", "jobs_by_user_status"][..],
         ),
-        ("get_jobs_steps", sql::GetJobsSteps::SQL, oldest.clone(), &[][..]),
+        ("get_jobs_steps", jobs::GetJobsSteps::SQL, oldest.clone(), &[][..]),
     ];
     for mode in ["force_custom_plan", "force_generic_plan"] {
         db.batch_execute(&format!("SET plan_cache_mode = {mode}")).await.expect("plan mode");
@@ -876,7 +882,7 @@ async fn pruning_idempotency_keys_reads_the_expiry_index_at_a_million_keys() {
     db.batch_execute("VACUUM ANALYZE idempotency_keys").await.expect("analyze");
     for mode in ["force_custom_plan", "force_generic_plan"] {
         db.batch_execute(&format!("SET plan_cache_mode = {mode}")).await.expect("plan mode");
-        let plan = plan(&db, sql::PruneIdempotencyKeys::SQL, "1000").await;
+        let plan = plan(&db, maintenance::PruneIdempotencyKeys::SQL, "1000").await;
         let all = nodes(&plan);
         assert!(
             all.iter().all(|node| node["Node Type"] != "Seq Scan"),

@@ -1,4 +1,4 @@
-//! The schema as the broker installs it: migrations hold the tables, `sql/functions/` holds
+//! The schema as the broker installs it: migrations hold the tables, the duties' `functions/` hold
 //! every server function, and the database can differ from neither.
 
 use fairway_broker::db::functions::{self, FILES, REVISION};
@@ -34,7 +34,7 @@ async fn every_function_in_the_schema_is_its_file() {
     let rows = db.query(OWN_FUNCTIONS, &[]).await.expect("list functions");
     let installed: Vec<(String, i64)> = rows.iter().map(|row| (row.get(0), row.get(1))).collect();
     let files: Vec<(String, i64)> = FILES.iter().map(|file| (file.name.to_owned(), 1)).collect();
-    assert_eq!(installed, files, "one function per file of sql/functions/, and no other");
+    assert_eq!(installed, files, "one function per function file, and no other");
 
     // Each file run again in a scratch schema, then compared with what the broker installed,
     // definition by definition; rolled back, so that the database is left as it was.
@@ -63,9 +63,9 @@ async fn every_function_in_the_schema_is_its_file() {
         assert_eq!(
             installed,
             from_file.replace("drift_check.", "public."),
-            "the database's {} differs from sql/functions/{}.sql",
+            "the database's {} differs from {}",
             file.name,
-            file.name
+            file.path()
         );
     }
     let rebound_triggers = transaction.query(trigger_definitions, &[]).await.expect("triggers");

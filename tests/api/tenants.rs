@@ -183,7 +183,7 @@ async fn a_shard_moves_by_at_most_one_querier_when_one_joins_or_leaves() {
     let (db, connection) = config.connect().await.expect("connect");
     tokio::spawn(connection);
     let reshard =
-        <fairway_broker::db::sql::ReshardTenants as fairway_broker::db::sql::Statement>::SQL;
+        <fairway_broker::statements::tenancy::ReshardTenants as fairway_broker::db::sql::Statement>::SQL;
     db.batch_execute(
         "INSERT INTO tenants (tenant, max_queriers)
          SELECT 'tenant-' || t, 1 + t % 5 FROM generate_series(1, 1000) t;

@@ -1,8 +1,11 @@
 //! The workspace's arrows, read from `cargo metadata`: the product never depends on its tools,
 //! the broker knows neither HTTP nor the command line, and a Rust worker that embeds the client
-//! compiles neither actix nor a PostgreSQL driver.
+//! compiles neither actix nor a PostgreSQL driver. And the broker's rooms, read from its
+//! source: each duty keeps its statements and functions in its own folder, and reads no
+//! other duty's.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
@@ -131,5 +134,72 @@ fn the_wire_types_and_the_client_carry_no_trace_exporter() {
     let exporter = ["opentelemetry", "opentelemetry_sdk", "opentelemetry-otlp"];
     for product in ["fairway-api", "fairway-client"] {
         assert_none(product, &graph.reachable[product], &exporter);
+    }
+}
+
+/// The broker's duties: each a folder of `crates/fairway-broker/src` with its Rust, its
+/// statements' `.sql` files and, in `functions/`, its server functions.
+const DUTIES: [&str; 8] =
+    ["auth", "claims", "counters", "endings", "jobs", "maintenance", "tenancy", "traces"];
+
+fn broker_source() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/fairway-broker/src")
+}
+
+/// Every file under `dir` whose name ends in `extension`, at any depth.
+fn files_under(dir: &Path, extension: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("readable folder") {
+        let path = entry.expect("directory entry").path();
+        if path.is_dir() {
+            found.extend(files_under(&path, extension));
+        } else if path.extension().is_some_and(|found| found == extension) {
+            found.push(path);
+        }
+    }
+    found
+}
+
+#[test]
+fn each_duty_reads_no_other_duty_s_statements() {
+    for duty in DUTIES {
+        for file in files_under(&broker_source().join(duty), "rs") {
+            let text = std::fs::read_to_string(&file).expect("readable source");
+            for other in DUTIES.iter().filter(|other| **other != duty) {
+                assert!(
+                    !text.contains(&format!("crate::{other}::statements")),
+                    "{} reads the statements of {other}: call a function of {other} instead",
+                    file.display()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_broker_statement_sits_in_the_folder_of_the_duty_that_declares_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    assert!(
+        !root.join("sql").exists(),
+        "the broker's statements live beside its duties, not in sql/"
+    );
+    let functions: BTreeSet<String> =
+        fairway_broker::db::functions::FILES.iter().map(|file| file.path()).collect();
+    for file in files_under(&broker_source(), "sql") {
+        let relative =
+            file.strip_prefix(root).expect("under the root").to_string_lossy().into_owned();
+        if functions.contains(&relative) {
+            continue;
+        }
+        let folder = file.parent().expect("a folder");
+        let name = file.file_stem().expect("a name").to_string_lossy().into_owned();
+        let declared = files_under(folder, "rs").iter().any(|source| {
+            let text = std::fs::read_to_string(source).expect("readable source");
+            text.contains(&format!("= \"{name}\" ->"))
+        });
+        assert!(
+            declared,
+            "{relative} is neither a server function nor a statement its folder declares"
+        );
     }
 }

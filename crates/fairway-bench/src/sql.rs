@@ -1,8 +1,8 @@
-//! The benchmark's own statements, one file each under `sql/bench/`: its baselines' claims and
-//! completions, and how it seeds and resets the data.
+//! The benchmark's own statements, one file each in this crate's `sql/`: its baselines' claims
+//! and completions, and how it seeds and resets the data.
 
 fairway_broker::statements! {
-    "bench/";
+    "../sql/";
     BASELINE_INDEXES = "baseline_indexes";
     FIFO_CLAIM = "fifo_claim";
     FIFO_COMPLETE = "fifo_complete";

@@ -7,7 +7,6 @@ use std::time::Duration;
 use deadpool_postgres::{Object, Pool};
 use tokio::sync::watch;
 
-use crate::asks::ServiceAsks;
 use crate::db::sql;
 use crate::metrics::Metrics;
 use crate::{BrokerError, BrokerSettings, WorkSignals};
@@ -18,7 +17,6 @@ pub struct Core {
     pub signals: WorkSignals,
     pub metrics: Arc<Metrics>,
     /// When workers last asked for each service, as this broker saw them.
-    pub asks: ServiceAsks,
     /// Set once the broker is stopping: it starts no claim, and waiting claims answer at once.
     pub draining: watch::Sender<bool>,
     /// Test-only: deadlocks a test arms (cargo feature `fault-injection`).

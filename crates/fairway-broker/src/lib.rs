@@ -2,31 +2,37 @@
 //! keep the fair order, independent of how requests arrive. [`Broker`] owns one type per duty
 //! (claims, endings, jobs, maintenance, tenancy); each keeps its own batches and statements.
 
-mod asks;
 pub mod auth;
 pub mod batch;
-mod bulk;
 mod claims;
 mod core;
+mod counters;
 pub mod db;
 mod endings;
 mod error;
 #[cfg(feature = "fault-injection")]
 pub mod faults;
-mod inspection;
 mod jobs;
 pub mod listener;
-mod listing;
 mod maintenance;
 pub mod metrics;
-mod observe;
-mod promotion;
-pub mod pruning;
 mod retry;
 mod rows;
 mod signals;
 mod tenancy;
 pub mod traces;
+
+/// Every statement the broker runs, by duty: for the tests that plan them and the bench,
+/// which runs the broker's own statements beside its baselines.
+pub mod statements {
+    pub use crate::auth::statements as auth;
+    pub use crate::claims::statements as claims;
+    pub use crate::counters::statements as counters;
+    pub use crate::endings::statements as endings;
+    pub use crate::jobs::statements as jobs;
+    pub use crate::maintenance::statements as maintenance;
+    pub use crate::tenancy::statements as tenancy;
+}
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -38,12 +44,15 @@ use tokio::sync::{watch, Notify};
 use crate::core::Core;
 use crate::metrics::Metrics;
 use batch::Batches;
-pub use bulk::{BulkAction, BulkOutcome, JobFilter};
 pub use claims::Claims;
 pub use endings::Endings;
 pub use error::BrokerError;
+pub use jobs::bulk::{BulkAction, BulkOutcome, JobFilter};
 pub use jobs::{IdempotencyKey, Jobs, RetriedJob, Submission};
-pub use maintenance::Maintenance;
+pub use maintenance::{
+    AskFlusher, Maintenance, Promoter, PruneBatch, PrunedJob, Pruner, QueueWaitReader, Reaper,
+    Resharder, StrategyRunningFolder, Upkeep, Vacuum,
+};
 pub use signals::WorkSignals;
 pub use tenancy::Tenancy;
 
@@ -77,6 +86,10 @@ pub struct BrokerSettings {
 #[derive(Clone)]
 pub struct Broker {
     core: Arc<Core>,
+    duties: Arc<Duties>,
+}
+
+struct Duties {
     claims: Claims,
     endings: Endings,
     jobs: Jobs,
@@ -98,7 +111,6 @@ impl Broker {
             settings,
             signals,
             metrics,
-            asks: Default::default(),
             draining: watch::Sender::new(false),
         });
         let (lanes, most) = (settings.batch_lanes, settings.batch_max);
@@ -120,34 +132,35 @@ impl Broker {
             tenancy.clone(),
         );
         let jobs = Jobs::new(core.clone());
-        let maintenance = Maintenance::new(core.clone(), endings.clone());
-        Self { core, claims, endings, jobs, maintenance, tenancy }
+        let maintenance = Maintenance::new(core.clone(), claims.clone(), endings.clone());
+        let duties = Arc::new(Duties { claims, endings, jobs, maintenance, tenancy });
+        Self { core, duties }
     }
 
     /// Handing out work: claim batches, long polls, strategies.
     pub fn claims(&self) -> &Claims {
-        &self.claims
+        &self.duties.claims
     }
 
     /// Ending attempts: status updates, heartbeats, repeated reports.
     pub fn endings(&self) -> &Endings {
-        &self.endings
+        &self.duties.endings
     }
 
     /// Jobs: submit, control, listings and results.
     pub fn jobs(&self) -> &Jobs {
-        &self.jobs
+        &self.duties.jobs
     }
 
     /// The background duties and what operators read: the reaper, the pruner, the vacuum, the
     /// metrics snapshot and the consistency recount.
     pub fn maintenance(&self) -> &Maintenance {
-        &self.maintenance
+        &self.duties.maintenance
     }
 
     /// Queriers, tenants and their shards.
     pub fn tenancy(&self) -> &Tenancy {
-        &self.tenancy
+        &self.duties.tenancy
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -196,8 +209,8 @@ impl Broker {
     }
 
     /// Which server a pooled connection reaches, and whether it is a standby.
-    pub async fn database_state(&self) -> Result<db::sql::ServerStateRow, BrokerError> {
+    pub async fn database_state(&self) -> Result<db::ServerStateRow, BrokerError> {
         let client = self.core.client().await?;
-        Ok(db::sql::fetch_one(&client, &db::sql::ServerState {}).await?)
+        Ok(db::sql::fetch_one(&client, &db::ServerState {}).await?)
     }
 }

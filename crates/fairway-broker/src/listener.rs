@@ -7,17 +7,18 @@ use fairway_pg::Database;
 use futures_util::future;
 use tokio_postgres::AsyncMessage;
 
-use crate::db::sql::{ServerState, Statement};
+use crate::db::sql::Statement;
+use crate::db::ServerState;
 use crate::WorkSignals;
 
-/// The channel that `sql/notify_work_ready.sql` notifies, with the service as payload.
+/// The channel that `counters/notify_work_ready.sql` notifies, with the service as payload.
 const WORK_READY: &str = "fairway_work_ready";
 
-/// The channel that `sql/refresh_job_status.sql` and `sql/notify_job_finished.sql` notify,
+/// The channel that `endings/refresh_job_status.sql` and `jobs/notify_job_finished.sql` notify,
 /// with the job id as payload.
 const JOB_FINISHED: &str = "fairway_job_finished";
 
-/// The channel that `sql/notify_querier_shut_down.sql` notifies, with the querier as payload.
+/// The channel that `tenancy/notify_querier_shut_down.sql` notifies, with the querier as payload.
 const QUERIER_SHUT_DOWN: &str = "fairway_querier_shut_down";
 
 /// The longest pause between two attempts to reconnect.

@@ -1,7 +1,7 @@
 //! The broker's Prometheus metrics, served at `GET /metrics` in the text exposition format.
 //!
-//! Counters and histograms move as requests are served. The gauges that describe the queues
-//! come from the database (`sql/refresh_metrics.sql`), at most once per `--metrics-refresh`, and
+//! Counters and histograms move as requests are served. The gauges that describe the queues come
+//! from the database (`maintenance/refresh_metrics.sql`), at most once per `--metrics-refresh`, and
 //! are set just before each scrape is encoded. No label ever carries a user, job or item id;
 //! `tenant` is a label only with `--metrics-tenant-label`.
 
@@ -68,7 +68,7 @@ pub enum Deferral {
     Waited,
 }
 
-/// One row of the database's gauges, as `sql/refresh_metrics.sql` stores them.
+/// One row of the database's gauges, as `maintenance/refresh_metrics.sql` stores them.
 #[derive(Debug, Clone, Deserialize)]
 pub struct GaugeRow {
     pub service: String,

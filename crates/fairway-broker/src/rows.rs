@@ -1,6 +1,6 @@
-//! How the rows that the statements of `sql/` answer become the domain's documents: every
-//! column a document reads is named here or in its statement's row type
-//! (`db/statements.rs`), beside no other logic, so that a statement's output and its decoding
+//! How the rows that the broker's statements answer become the domain's documents: every
+//! column a document reads is named here or in its statement's row type (each duty's
+//! `statements.rs`), beside no other logic, so that a statement's output and its decoding
 //! change together.
 
 use std::error::Error;
@@ -12,7 +12,8 @@ use tokio_postgres::types::{FromSql, Json, Type};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::db::sql::{row, ClaimedRow, FromRow};
+use crate::claims::statements::ClaimedRow;
+use crate::db::sql::{row, FromRow};
 use crate::BrokerError;
 use fairway_api::model::{
     progress, ItemStatus, JobDocument, JobId, JobStatus, Mismatch, StepDocument, StrategyUsage,
@@ -47,9 +48,9 @@ macro_rules! stored_status {
 stored_status!(JobStatus, "job status");
 stored_status!(ItemStatus, "work item status");
 
-/// A claimed item (sql/claim_items.sql) of `service`, which the row does not repeat; None for
-/// a row that reports on a request without an item. An item's row missing a column means the
-/// function and this build disagree: the batch is lost rather than an item dropped unseen.
+/// A claimed item (`claims/functions/claim_items.sql`) of `service`, which the row does not repeat;
+/// None for a row that reports on a request without an item. An item's row missing a column means
+/// the function and this build disagree: the batch is lost rather than an item dropped unseen.
 pub fn work_item(row: ClaimedRow, service: &str) -> Result<Option<WorkItem>, BrokerError> {
     let Some(id) = row.id else {
         return Ok(None);
@@ -75,7 +76,7 @@ pub fn work_item(row: ClaimedRow, service: &str) -> Result<Option<WorkItem>, Bro
 }
 
 row! {
-    /// A job as sql/get_job.sql and the listings read it, without its steps.
+    /// A job as `jobs/get_job.sql` and the listings read it, without its steps.
     JobRow {
         job_id: Uuid,
         username: String,
@@ -111,7 +112,7 @@ pub fn retry_policy(
     })
 }
 
-/// A job with its steps (sql/get_jobs_steps.sql, through `step_document`).
+/// A job with its steps (`jobs/get_jobs_steps.sql`, through `step_document`).
 pub fn job_document(job: JobRow, steps: Vec<StepDocument>) -> JobDocument {
     let status = job.status.0;
     let retry = retry_policy(
@@ -139,7 +140,7 @@ pub fn job_document(job: JobRow, steps: Vec<StepDocument>) -> JobDocument {
 }
 
 row! {
-    /// A step of sql/get_jobs_steps.sql, its item counts summed over components.
+    /// A step of `jobs/get_jobs_steps.sql`, its item counts summed over components.
     StepRow {
         job_id: Uuid,
         service: String,
@@ -297,7 +298,7 @@ impl FromRow for TokenDocument {
     }
 }
 
-/// A token with the hash it is stored under (sql/find_token.sql), to compare before use.
+/// A token with the hash it is stored under (`auth/find_token.sql`), to compare before use.
 pub struct TokenRow {
     pub token: TokenDocument,
     pub hash: Vec<u8>,

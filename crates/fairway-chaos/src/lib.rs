@@ -239,8 +239,8 @@ impl Brokers {
             .args(["--database-url", &self.database_url])
             // Three brokers stay well inside PostgreSQL's default 100 connections.
             .args(["--pool-size", "16", "--reap-interval", "500ms", "--shutdown-timeout", "5s"])
-            // Meets issue 19's 10 s for a claim no worker read (8 s, then a reaper pass), and
-            // leaves a report held up by the PostgreSQL crash (about 4 s) time to arrive.
+            // A claim no worker read comes back within 10 s (8 s, then a reaper pass), while a
+            // report held up by the PostgreSQL crash still has time to arrive.
             .args(["--first-lease", "8s"])
             .args(&self.extra)
             .env("RUST_LOG", "warn")

@@ -1,8 +1,8 @@
-//! The fault suite's own statements, one file each under `sql/chaos/`: what it reads back to
-//! check that nothing was lost or done twice.
+//! The fault suite's own statements, one file each in this crate's `sql/`: what it reads back
+//! to check that nothing was lost or done twice.
 
 fairway_broker::statements! {
-    "chaos/";
+    "../sql/";
     ITEM_TOTALS = "item_totals";
     JOB_OUTCOMES = "job_outcomes";
     LOST_CLAIMS = "lost_claims";

@@ -17,18 +17,11 @@ use crate::Traffic;
 use fairway_broker::auth::{self, Authenticator};
 use fairway_broker::db::{self, DbError};
 use fairway_broker::metrics::Metrics;
-use fairway_broker::{Broker, BrokerError, BrokerSettings, WorkSignals};
+use fairway_broker::{
+    AskFlusher, Broker, BrokerError, BrokerSettings, Promoter, Pruner, QueueWaitReader, Reaper,
+    Resharder, StrategyRunningFolder, Upkeep, Vacuum, WorkSignals,
+};
 use fairway_pg::Database;
-
-/// Expired leases examined per reaper pass.
-const REAP_BATCH: i64 = 500;
-
-/// Most reaper passes run back to back in one tick, so that the other duties of the tick still
-/// run while a very large backlog of expired leases drains.
-const REAP_PASSES: usize = 20;
-
-/// How often the queue waits of claimed items are read.
-const QUEUE_WAIT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Binds the HTTP listener on `args.bind`.
 pub fn bind(args: &ServeArgs) -> Result<TcpListener, StartupError> {
@@ -106,7 +99,7 @@ impl Application {
         let broker = broker(pool, args, signals.clone())?;
         let mut background = maintain(&broker, args);
         background.push(tokio::spawn(fairway_broker::listener::listen_for_work(database, signals)));
-        background.push(tokio::spawn(refresh_auth(authenticator.clone())));
+        background.push(authenticator.clone().spawn());
         background.push(tokio::spawn(watch_database(broker.clone())));
 
         let port = listener
@@ -136,7 +129,7 @@ impl Application {
         .disable_signals()
         // A client that closes its connection (a worker gone in the middle of a long poll)
         // ends its request at once: its handler is dropped, so that it claims nothing for no
-        // one (see Broker::release_unanswered). No HTTP client this broker serves half-closes
+        // one (see Endings::release_unanswered). No HTTP client this broker serves half-closes
         // a connection to wait for an answer.
         .h1_allow_half_closed(false)
         .shutdown_timeout(args.shutdown_timeout.as_secs());
@@ -219,12 +212,6 @@ async fn authenticate(pool: &Pool, args: &ServeArgs) -> Result<Authenticator, St
     Ok(authenticator)
 }
 
-/// Turns auth on once another broker made the first token, and forgets stale cache entries.
-async fn refresh_auth(authenticator: Authenticator) {
-    let interval = authenticator.ttl();
-    every(interval, "refreshing the token cache", || authenticator.refresh()).await
-}
-
 /// How often a stopping broker looks whether its requests in flight have ended.
 const IN_FLIGHT_POLL: Duration = Duration::from_millis(5);
 
@@ -284,62 +271,26 @@ pub fn broker(pool: Pool, args: &ServeArgs, signals: WorkSignals) -> Result<Brok
     Ok(Broker::new(pool, settings, signals, Arc::new(metrics)))
 }
 
-/// The broker's upkeep, as `serve` runs it beside the HTTP server: the asks for work written
-/// every few seconds, the reaper, the promoter of
-/// scheduled items, the queue waits of claimed items for /metrics, the vacuum of the fair
-/// order's tables unless `--vacuum-interval` is zero, and the pruner unless `--retention` is
+/// The broker's upkeep, as `serve` runs it beside the HTTP server: each duty on a task of its
+/// own, the vacuum unless `--vacuum-interval` is zero, and the pruner unless `--retention` is
 /// zero.
 pub fn maintain(broker: &Broker, args: &ServeArgs) -> Vec<JoinHandle<()>> {
     let mut tasks = vec![
-        tokio::spawn(flush_asks(broker.clone())),
-        tokio::spawn(reap(broker.clone(), args.reap_interval)),
-        tokio::spawn(record_queue_waits(broker.clone())),
-        tokio::spawn(promote(broker.clone(), args.retry.promote_interval)),
+        AskFlusher::new(broker).spawn(),
+        Reaper::new(broker, args.reap_interval).spawn(),
+        Resharder::new(broker, args.reap_interval).spawn(),
+        StrategyRunningFolder::new(broker, args.reap_interval).spawn(),
+        QueueWaitReader::new(broker).spawn(),
+        Promoter::new(broker, args.retry.promote_interval).spawn(),
     ];
     if !args.vacuum.vacuum_interval.is_zero() {
-        tasks.push(tokio::spawn(vacuum(broker.clone(), args.vacuum.vacuum_interval)));
+        tasks.push(Vacuum::new(broker, args.vacuum.vacuum_interval).spawn());
     }
     if !args.prune.retention.is_zero() {
-        tasks.push(tokio::spawn(prune(broker.clone(), args.prune)));
+        let PruneArgs { retention, prune_interval } = args.prune;
+        tasks.push(Pruner::new(broker, retention, prune_interval).spawn());
     }
     tasks
-}
-
-/// On a fixed cadence: expires leases, retires and forgets queriers, tidies the tenant level
-/// of the fair order, and folds the strategies' running-count log. Several brokers may run this
-/// at once.
-async fn reap(broker: Broker, interval: Duration) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        // A full pass may have left more behind (a large node died): go again at once, so
-        // that thousands of leases do not take one --reap-interval per 500.
-        for _ in 0..REAP_PASSES {
-            match broker.maintenance().reap_expired_leases(REAP_BATCH).await {
-                Ok(0) => break,
-                Ok(reaped) => {
-                    tracing::info!(reaped, "expired leases returned to the queue");
-                    if reaped < REAP_BATCH as usize {
-                        break;
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "lease reaper pass failed");
-                    break;
-                }
-            }
-        }
-        if let Err(error) = broker.tenancy().retire_queriers().await {
-            tracing::warn!(%error, "querier membership pass failed");
-        }
-        if let Err(error) = broker.tenancy().tidy_tenant_queues().await {
-            tracing::warn!(%error, "tenant queue pass failed");
-        }
-        if let Err(error) = broker.maintenance().fold_strategy_running().await {
-            tracing::warn!(%error, "strategy running-count pass failed");
-        }
-    }
 }
 
 /// How often the broker looks at which database server its pool reaches.
@@ -388,68 +339,5 @@ async fn watch_database(broker: Broker) {
             ),
         }
         last = Some(state);
-    }
-}
-
-/// Deletes the jobs past their retention, every --prune-interval; the batches log what they
-/// deleted.
-async fn prune(broker: Broker, args: PruneArgs) {
-    every(args.prune_interval, "pruning finished jobs", || async {
-        broker.maintenance().prune_finished_jobs(args.retention).await.map(drop)
-    })
-    .await
-}
-
-/// Makes due scheduled items ready, every --promote-interval.
-async fn promote(broker: Broker, interval: Duration) {
-    every(interval, "promoting scheduled items", || async {
-        let promoted = broker.maintenance().promote_scheduled_items().await?;
-        if promoted > 0 {
-            tracing::debug!(promoted, "scheduled items made ready");
-        }
-        Ok(())
-    })
-    .await
-}
-
-/// Reads, once a second, when the items claimed meanwhile were created: off the claim path, so
-/// that measuring a claim's queue wait adds nothing to the claim.
-async fn record_queue_waits(broker: Broker) {
-    every(QUEUE_WAIT_INTERVAL, "reading claimed items' queue waits", || {
-        broker.maintenance().record_queue_waits()
-    })
-    .await
-}
-
-/// How often the asks for work this broker saw are written for every broker to read.
-const ASKS_FLUSH_INTERVAL: Duration = Duration::from_secs(5);
-
-async fn flush_asks(broker: Broker) {
-    every(ASKS_FLUSH_INTERVAL, "writing when workers last asked", || {
-        broker.maintenance().flush_asks()
-    })
-    .await
-}
-
-async fn vacuum(broker: Broker, interval: Duration) {
-    every(interval, "vacuum of the fair order's tables", || {
-        broker.maintenance().vacuum_fair_order()
-    })
-    .await
-}
-
-/// Runs `pass` on a fixed cadence, for ever; a pass that fails is logged as `what` failing.
-async fn every<F, Fut>(interval: Duration, what: &str, pass: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<(), fairway_broker::BrokerError>>,
-{
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        if let Err(error) = pass().await {
-            tracing::warn!(%error, "{what} failed");
-        }
     }
 }

@@ -1,55 +1,64 @@
-//! The server functions in `sql/functions/`, one file each, installed as one set after the
-//! migrations. The database records which set it holds (`fairway_functions`), so that a
-//! broker carrying the same set does nothing and one carrying an older set refuses to start
-//! rather than overwrite newer functions.
+//! The server functions, one file each in the `functions/` folder of the duty they serve
+//! (`claims/functions/claim_items.sql`), installed as one set after the migrations. The database
+//! records which set it holds (`fairway_functions`), so that a broker carrying the same set does
+//! nothing and one carrying an older set refuses to start rather than overwrite newer functions.
 
 use sha2::{Digest, Sha256};
 use tokio_postgres::Transaction;
 
 use super::DbError;
 
-/// Raise this whenever a file in `sql/functions/` changes, and pin the new digest in the
+/// Raise this whenever a function's file changes, and pin the new digest in the
 /// tests below: it is how brokers tell an older function set from a newer one. A unit test
 /// fails until both match the files.
-pub const REVISION: i32 = 18;
+pub const REVISION: i32 = 19;
 
 macro_rules! function_files {
-    ($($name:literal),* $(,)?) => {
+    ($($duty:literal / $name:literal),* $(,)?) => {
         &[$(
             FunctionFile {
+                duty: $duty,
                 name: $name,
-                text: include_str!(concat!(
-                    env!("CARGO_MANIFEST_DIR"), "/../../sql/functions/", $name, ".sql"
-                )),
+                text: include_str!(concat!("../", $duty, "/functions/", $name, ".sql")),
             },
         )*]
     };
 }
 
-/// One file of `sql/functions/`: a function named as the file, and for a trigger function the
+/// One server function's file: a function named as the file, and for a trigger function the
 /// trigger bindings that call it (a binding can only be made once its function exists).
 #[derive(Debug)]
 pub struct FunctionFile {
+    /// The folder of the duty whose `functions/` holds the file.
+    pub duty: &'static str,
     pub name: &'static str,
     pub text: &'static str,
 }
 
-/// Every file of `sql/functions/`; a test checks that the folder holds no other.
+impl FunctionFile {
+    /// The file's path in the broker's source, for messages.
+    pub fn path(&self) -> String {
+        format!("crates/fairway-broker/src/{}/functions/{}.sql", self.duty, self.name)
+    }
+}
+
+/// Every function file, in name order, which is the order they install in; a test checks that
+/// the duties' `functions/` folders hold no other.
 pub const FILES: &[FunctionFile] = function_files![
-    "apply_step_deltas",
-    "apply_tenant_delta",
-    "apply_tenant_deltas",
-    "claim_fair_round",
-    "claim_items",
-    "finish_items",
-    "fold_strategy_running",
-    "fold_tenant_running_changes",
-    "log_strategy_running",
-    "lower_ready_from",
-    "promote_scheduled_items",
-    "recount_tenant_running",
-    "tenant_has_rivals",
-    "track_claimable_step",
+    "counters" / "apply_step_deltas",
+    "counters" / "apply_tenant_delta",
+    "counters" / "apply_tenant_deltas",
+    "claims" / "claim_fair_round",
+    "claims" / "claim_items",
+    "endings" / "finish_items",
+    "counters" / "fold_strategy_running",
+    "counters" / "fold_tenant_running_changes",
+    "counters" / "log_strategy_running",
+    "counters" / "lower_ready_from",
+    "maintenance" / "promote_scheduled_items",
+    "counters" / "recount_tenant_running",
+    "claims" / "tenant_has_rivals",
+    "counters" / "track_claimable_step",
 ];
 
 /// SHA-256 over every file's name and text, in name order, as hex.
@@ -88,7 +97,7 @@ pub async fn install(transaction: &Transaction<'_>) -> Result<(), DbError> {
         transaction
             .batch_execute(file.text)
             .await
-            .map_err(|source| DbError::FunctionFile { name: file.name, source })?;
+            .map_err(|source| DbError::FunctionFile { path: file.path(), source })?;
     }
     let names: Vec<&str> = FILES.iter().map(|file| file.name).collect();
     transaction
@@ -131,26 +140,33 @@ mod tests {
     use super::*;
 
     /// The digest of the files at [`REVISION`].
-    const PINNED_DIGEST: &str = "cafe05d68cf3408b3eae7b55ef9255831a5a9f8c572d48b2d6c78b437dd35274";
+    const PINNED_DIGEST: &str = "a759f0813aa996c8d832042f01374a00a2a096e2daa7cc687086cceebbde4e87";
 
     #[test]
     fn the_digest_is_pinned_for_this_revision() {
         assert_eq!(
             digest(),
             PINNED_DIGEST,
-            "sql/functions/ changed: raise REVISION and pin the new digest in src/db/functions.rs"
+            "a function's file changed: raise REVISION and pin the new digest in src/db/functions.rs"
         );
     }
 
     #[test]
-    fn every_file_in_the_folder_is_installed() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../sql/functions");
-        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
-            .expect("sql/functions exists")
-            .map(|entry| entry.expect("directory entry").file_name().to_string_lossy().into_owned())
-            .collect();
-        on_disk.sort();
-        let listed: Vec<String> = FILES.iter().map(|file| format!("{}.sql", file.name)).collect();
-        assert_eq!(on_disk, listed, "FILES must list every file of sql/functions/, in name order");
+    fn every_function_file_is_installed_in_name_order() {
+        let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut on_disk = Vec::new();
+        for duty in std::fs::read_dir(&source).expect("src exists") {
+            let functions = duty.expect("directory entry").path().join("functions");
+            let Ok(files) = std::fs::read_dir(&functions) else { continue };
+            for file in files {
+                let path = file.expect("directory entry").path();
+                let relative = path.strip_prefix(&source).expect("under src");
+                on_disk.push(relative.to_string_lossy().into_owned());
+            }
+        }
+        on_disk.sort_by_key(|path| path.rsplit('/').next().map(str::to_owned));
+        let listed: Vec<String> =
+            FILES.iter().map(|file| format!("{}/functions/{}.sql", file.duty, file.name)).collect();
+        assert_eq!(on_disk, listed, "FILES must list every duty's function file, in name order");
     }
 }

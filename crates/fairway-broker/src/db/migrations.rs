@@ -1,6 +1,6 @@
 //! The schema: numbered migrations from `migrations/` (tables, indexes, constraints), then the
-//! server functions of `sql/functions/`, both under one advisory lock so that brokers starting
-//! together take turns.
+//! server functions of each duty's `functions/`, both under one advisory lock so that brokers
+//! starting together take turns.
 
 use deadpool_postgres::Pool;
 use sha2::{Digest, Sha256};
@@ -27,7 +27,7 @@ const HISTORY_TABLE: &str = "fairway_schema_history";
 pub async fn run(pool: &Pool) -> Result<(), DbError> {
     let mut client =
         pool.get().await.map_err(|error| DbError::Pool(describe_pool_error(&error)))?;
-    let state = super::sql::fetch_one(&client, &super::sql::ServerState {}).await?;
+    let state = super::sql::fetch_one(&client, &super::ServerState {}).await?;
     if state.in_recovery {
         tracing::warn!(
             host = state.host,

@@ -1,14 +1,27 @@
 //! Everything that knows how to reach PostgreSQL: the pool, the schema (migrations and server
-//! functions) and the statements.
+//! functions), how statements run, and which server the pool reaches.
 
 pub mod functions;
 pub mod migrations;
 pub mod pool;
 pub mod sql;
-mod statements;
 
 use deadpool_postgres::PoolError;
 use thiserror::Error;
+
+use sql::{row, statement};
+
+statement! {
+    /// Whether the server is a standby, and which it is.
+    ServerState = "server_state" -> ServerStateRow {}
+}
+
+row! {
+    ServerStateRow {
+        in_recovery: bool,
+        host: String,
+    }
+}
 
 /// Why the pool handed out no connection: for one it could not make, the driver's error alone,
 /// since the pool's wrapper adds only "Error occurred while creating a new object".
@@ -49,11 +62,11 @@ pub enum DbError {
     #[error(
         "this database holds server functions of revision {revision} whose text differs from \
          this broker's revision {revision}; nothing was changed. A build changed \
-         sql/functions/ without raising the revision (crates/fairway-broker/src/db/functions.rs)"
+         a function's file without raising the revision (crates/fairway-broker/src/db/functions.rs)"
     )]
     FunctionsDiffer { revision: i32 },
-    #[error("installing sql/functions/{name}.sql failed: {}", fairway_pg::describe(source))]
-    FunctionFile { name: &'static str, source: tokio_postgres::Error },
+    #[error("installing {path} failed: {}", fairway_pg::describe(source))]
+    FunctionFile { path: String, source: tokio_postgres::Error },
     #[error("{}", fairway_pg::describe(.0))]
     Postgres(#[from] tokio_postgres::Error),
 }

@@ -1,7 +1,7 @@
-//! How the broker runs the statements of `sql/`: each is a [`Statement`], a struct of its
-//! parameters in the order the file numbers them, answering rows of a named [`FromRow`] type.
-//! The declarations are in `statements.rs`; the server functions those statements call live in
-//! `sql/functions/` (see `functions.rs`).
+//! How the broker runs its statements: each is a [`Statement`], a struct of its parameters in
+//! the order its text numbers them, answering rows of a named [`FromRow`] type. Each duty
+//! declares its own in its folder's `statements.rs`, beside their `.sql` files; a call of a
+//! server function is declared with its text inline, since the function's file is the logic.
 
 use std::time::Duration;
 
@@ -9,22 +9,18 @@ use deadpool_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Error, Row};
 
-pub use super::statements::*;
-
-/// Declares a `&str` constant per statement text, read at build time from the workspace's
-/// `sql/` folder (`$folder` names a subfolder for a tool's own statements, or is empty).
+/// Declares a `&str` constant per statement text, read at build time from `$folder`, a path
+/// relative to the file that invokes the macro: for the tools' own statements.
 #[macro_export]
 macro_rules! statements {
     ($folder:literal; $($name:ident = $file:literal;)*) => {
         $(
-            pub const $name: &str = include_str!(concat!(
-                env!("CARGO_MANIFEST_DIR"), "/../../sql/", $folder, $file, ".sql"
-            ));
+            pub const $name: &str = include_str!(concat!($folder, $file, ".sql"));
         )*
     };
 }
 
-/// A statement of `sql/`: its text, its parameters, and what one row of its answer is.
+/// A statement the broker runs: its text, its parameters, and what one row of its answer is.
 pub trait Statement {
     /// The file's text, as PostgreSQL prepares it.
     const SQL: &'static str;
@@ -46,12 +42,29 @@ impl FromRow for () {
     }
 }
 
-/// Declares a statement: a struct of its parameters, in the order its file numbers them, and
-/// its [`Statement`] impl.
+/// Declares a statement: a struct of its parameters, in the order its text numbers them, and
+/// its [`Statement`] impl. `= "name"` reads the text from `name.sql` beside the declaring file;
+/// `= function "SELECT ..."` gives a server function's call inline.
 macro_rules! statement {
     (
         $(#[$meta:meta])*
-        $name:ident $(<$lt:lifetime>)? = $file:literal -> $row:ty {
+        $name:ident $(<$lt:lifetime>)? = $file:literal -> $row:ty { $($fields:tt)* }
+    ) => {
+        $crate::db::sql::statement! {
+            @declare $(#[$meta])* $name $(<$lt>)?,
+            include_str!(concat!($file, ".sql")), $row, { $($fields)* }
+        }
+    };
+    (
+        $(#[$meta:meta])*
+        $name:ident $(<$lt:lifetime>)? = function $text:literal -> $row:ty { $($fields:tt)* }
+    ) => {
+        $crate::db::sql::statement! {
+            @declare $(#[$meta])* $name $(<$lt>)?, $text, $row, { $($fields)* }
+        }
+    };
+    (
+        @declare $(#[$meta:meta])* $name:ident $(<$lt:lifetime>)?, $text:expr, $row:ty, {
             $($(#[$field_meta:meta])* $field:ident: $type:ty),* $(,)?
         }
     ) => {
@@ -61,8 +74,7 @@ macro_rules! statement {
         }
 
         impl $(<$lt>)? $crate::db::sql::Statement for $name $(<$lt>)? {
-            const SQL: &'static str =
-                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../sql/", $file, ".sql"));
+            const SQL: &'static str = $text;
             type Row = $row;
             fn params(&self) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)> {
                 vec![$(&self.$field),*]
@@ -130,7 +142,7 @@ pub async fn run<S: Statement>(client: &impl GenericClient, statement: &S) -> Re
     client.execute(&prepared, &statement.params()).await
 }
 
-/// Positional parameters, for the tools' own statements (`sql/bench/`, `sql/chaos/`), which
+/// Positional parameters, for the tools' own statements (the bench's and the fault suite's), which
 /// are not [`Statement`]s: the broker's statements take their parameter structs.
 pub type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 

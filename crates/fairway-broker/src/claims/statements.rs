@@ -1,0 +1,96 @@
+//! Every statement of the claims duty, one per `.sql` file beside it, or a call of a server
+//! function of `functions/`: the claim batch, the long poll's checks and the asks for work.
+
+use chrono::{DateTime, Utc};
+use serde_json::value::RawValue;
+use serde_json::Value;
+use tokio_postgres::types::Json;
+use uuid::Uuid;
+
+use crate::db::sql::{row, statement};
+
+statement! {
+    /// Claims for a batch of workers in one transaction (`functions/claim_items.sql`):
+    /// request i is the i-th of each array.
+    ClaimItems<'a> = function "SELECT * FROM claim_items($1, $2, $3, $4, $5, $6, $7, $8)"
+        -> ClaimedRow {
+        services: &'a [&'a str],
+        queriers: &'a [&'a str],
+        /// The worker slot of the querier that asks.
+        workers: &'a [i32],
+        /// Most items the request takes.
+        maxes: &'a [i32],
+        lease_millis: i64,
+        /// How often, at most, a querier's last_seen moves.
+        touch_every_millis: i64,
+        /// The request's strategy; None for the fair order.
+        strategies: &'a [Option<&'a Value>],
+        /// The token the request came with; None without one.
+        tokens: &'a [Option<i64>],
+    }
+}
+
+row! {
+    /// A claimed item, or (with `id` NULL) how a request of the batch that got nothing stands.
+    ClaimedRow {
+        /// The 1-based index of the request in the batch.
+        request: i32,
+        /// The querier's membership: NULL when it has not joined.
+        querier_state: Option<String>,
+        username: Option<String>,
+        id: Option<i64>,
+        job_id: Option<Uuid>,
+        step_index: Option<i32>,
+        component: Option<String>,
+        payload: Option<Json<Box<RawValue>>>,
+        inputs: Option<Json<Box<RawValue>>>,
+        attempt: Option<i32>,
+        lease_expires_at: Option<DateTime<Utc>>,
+        tenant: Option<String>,
+        actor: Option<Vec<String>>,
+        /// A strategy that stopped before the fair order passed over work another claim held.
+        passed_over: Option<bool>,
+        /// The producer's trace the item's job was submitted in, if any.
+        traceparent: Option<String>,
+    }
+}
+
+statement! {
+    /// Whether the service has claimable work for the querier at all.
+    HasClaimableWork<'a> = "has_claimable_work" -> () {
+        service: &'a str,
+        querier: &'a str,
+    }
+}
+
+statement! {
+    /// Whether any job has named the service.
+    ServiceIsNamed<'a> = "service_is_named" -> Named {
+        service: &'a str,
+    }
+}
+
+row! {
+    Named {
+        named: bool,
+    }
+}
+
+statement! {
+    /// Keeps, per service, the latest time a worker asked for its work.
+    RecordServiceAsks<'a> = "record_service_asks" -> () {
+        services: &'a [&'a str],
+        asked_at: &'a [DateTime<Utc>],
+    }
+}
+
+statement! {
+    ListServiceAsks = "list_service_asks" -> ServiceAsked {}
+}
+
+row! {
+    ServiceAsked {
+        service: String,
+        last_asked: DateTime<Utc>,
+    }
+}

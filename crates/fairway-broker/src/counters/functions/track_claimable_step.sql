@@ -1,0 +1,62 @@
+-- track_claimable_step: keeps claimable_steps (and claimable_step_metadata for jobs with
+-- metadata) holding exactly the user_work rows with ready items that are not paused, with
+-- the order keys the strategies read: the job's submission order and priority, and a hash of
+-- the step's key, fixed for the step's life, for `random`. The binding fires only when a
+-- row's claimability changes, so the claims and endings that keep a step claimable pay
+-- nothing but the WHEN test. The binding follows the function, since it can only be made once
+-- the function exists.
+--
+-- Why a trigger, not a statement the broker calls: ready_count and paused move in claims,
+-- every ending, cancels, pauses, resumes, retries, the promoter and the reaper, most of them
+-- inside other server functions. A transition one of them missed would leave a step listed
+-- with nothing ready, or unlisted with work ready, and nothing would repair it; the trigger
+-- sees every write of the row, whoever makes it.
+--
+-- Locks: the step's claimable rows, which only transactions holding the step's user_work row
+-- (so its owner's users row) write.
+
+CREATE OR REPLACE FUNCTION track_claimable_step()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $track$
+BEGIN
+    IF NEW.ready_count > 0 AND NOT NEW.paused THEN
+        INSERT INTO claimable_steps (job_id, step_index, component, service, tenant, username,
+                                     seq, priority, shuffle)
+        SELECT NEW.job_id, NEW.step_index, NEW.component, NEW.service, NEW.tenant,
+               NEW.username, j.seq, j.priority,
+               hashtext(NEW.job_id::text || '/' || NEW.step_index || '/' || NEW.component)
+          FROM jobs j
+         WHERE j.job_id = NEW.job_id
+            ON CONFLICT DO NOTHING;
+        IF NEW.has_metadata THEN
+            INSERT INTO claimable_step_metadata (service, key, value, job_id, step_index,
+                                                 component, seq, priority, shuffle)
+            SELECT cs.service, m.key, m.value, cs.job_id, cs.step_index, cs.component, cs.seq,
+                   cs.priority, cs.shuffle
+              FROM claimable_steps cs
+              JOIN job_metadata m ON m.job_id = cs.job_id
+             WHERE (cs.job_id, cs.step_index, cs.component)
+                   = (NEW.job_id, NEW.step_index, NEW.component)
+                ON CONFLICT DO NOTHING;
+        END IF;
+    ELSE
+        DELETE FROM claimable_steps cs
+         WHERE (cs.job_id, cs.step_index, cs.component)
+               = (NEW.job_id, NEW.step_index, NEW.component);
+        IF NEW.has_metadata THEN
+            DELETE FROM claimable_step_metadata cm
+             WHERE (cm.job_id, cm.step_index, cm.component)
+                   = (NEW.job_id, NEW.step_index, NEW.component);
+        END IF;
+    END IF;
+    RETURN NULL;
+END;
+$track$;
+
+CREATE OR REPLACE TRIGGER user_work_claimability
+    AFTER UPDATE OF ready_count, paused ON user_work
+    FOR EACH ROW
+    WHEN ((OLD.ready_count > 0 AND NOT OLD.paused)
+          IS DISTINCT FROM (NEW.ready_count > 0 AND NOT NEW.paused))
+    EXECUTE FUNCTION track_claimable_step();

@@ -1,0 +1,33 @@
+//! The fold of the strategies' running-count log: claims and endings append to the log, side by
+//! side without a row lock, and this pass moves it into the counts, so that the log a capped
+//! claim sums stays short.
+
+use std::time::Duration;
+
+use super::{Maintenance, Upkeep};
+use crate::{counters, Broker, BrokerError};
+
+/// Folds the log every --reap-interval.
+pub struct StrategyRunningFolder {
+    maintenance: Maintenance,
+    interval: Duration,
+}
+
+impl StrategyRunningFolder {
+    pub fn new(broker: &Broker, interval: Duration) -> Self {
+        Self { maintenance: broker.maintenance().clone(), interval }
+    }
+}
+
+impl Upkeep for StrategyRunningFolder {
+    const WHAT: &'static str = "strategy running-count pass";
+
+    fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    async fn run_once(&self) -> Result<(), BrokerError> {
+        let client = self.maintenance.core.client().await?;
+        counters::fold_strategy_running(&client).await
+    }
+}
