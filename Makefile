@@ -1,6 +1,6 @@
 # fairway's entry points. `make run` needs only Rust and the PostgreSQL server binaries; `make
-# test` also a headless Chromium, python3-venv and openssl (the README's Debian line, checked by
-# tests/requirements.sh). Nothing has to be running.
+# test` also pgTAP with pg_prove, a headless Chromium, python3-venv and openssl (the README's
+# Debian line, checked by tests/requirements.sh). Nothing has to be running.
 
 CARGO ?= cargo
 # The throwaway cluster `make test` starts when DATABASE_URL is not set.

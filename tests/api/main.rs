@@ -19,6 +19,7 @@ mod lifecycle;
 mod longpoll;
 mod metrics;
 mod operators;
+mod pgtap;
 mod plans;
 mod pruning;
 mod releases;
