@@ -80,6 +80,33 @@ fn table_row<'a>(table: &'a str, first: &str) -> std::collections::BTreeMap<&'a 
 }
 
 #[tokio::test]
+async fn admin_sets_and_shows_a_services_cap_and_rate_limit() {
+    let app = spawn_app().await;
+    let set = ["admin", "services", "set", "render", "--max-running", "3", "--rate", "2.5"];
+    let table = succeed(&app, &set).await;
+    let row = table_row(&table, "render");
+    assert_eq!(
+        (row.get("max running"), row.get("rate /s"), row.get("burst")),
+        (Some(&"3"), Some(&"2.5"), Some(&"1")),
+        "{table}"
+    );
+    // A flag left out keeps its value.
+    succeed(&app, &["admin", "services", "set", "render", "--burst", "4"]).await;
+    let shown: Value = serde_json::from_str(
+        &succeed(&app, &["admin", "--json", "services", "show", "render"]).await,
+    )
+    .expect("JSON");
+    let served: Value = app.get("/admin/services/render").await.json().await.expect("JSON");
+    assert_eq!(shown[0], served, "--json prints the API's document");
+    assert_eq!((&served["max_running"], &served["burst"]), (&json!(3), &json!(4)));
+
+    let refused = run(&app, &["admin", "services", "set", "render", "--burst", "0"]).await;
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("burst"), "{said}");
+}
+
+#[tokio::test]
 async fn admin_tables_count_scheduled_items_apart_from_ready_ones() {
     let app = spawn_app().await;
     let later = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();

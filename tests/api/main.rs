@@ -21,6 +21,7 @@ mod metrics;
 mod operators;
 mod pgtap;
 mod plans;
+mod policies;
 mod pruning;
 mod releases;
 mod repeats;

@@ -110,9 +110,9 @@ async fn plan(db: &tokio_postgres::Client, statement: &str, arguments: &str) -> 
 /// three exceptions, each bounded by something other than the backlog: with ten users per
 /// tenant, the planner may read a tenant's few service_users rows by bitmap and sort them (a big
 /// tenant gets the ordered index scan); a function may sort arrays (those it was given, and a
-/// batch of attempt endings the owners of its items) and the rows its own updates returned; and
-/// the membership statements may sort the running items, one per busy worker, read from the
-/// leases index. Bitmap scans are index reads of a key's rows. Each plan is also estimated below
+/// batch of attempt endings the owners of its items) and the rows its own updates returned; the
+/// membership statements may sort the running items, one per busy worker, read from the leases
+/// index; and a claim sorts the policies of its batch's services, to lock them in order. Bitmap scans are index reads of a key's rows. Each plan is also estimated below
 /// PostgreSQL's default `jit_above_cost`, so that a server with JIT on (the default where it is
 /// built in) never compiles one: compiling takes tens of milliseconds, a probe tens of
 /// microseconds.
@@ -123,9 +123,11 @@ fn assert_index_probes(name: &str, plan: &Value) {
     assert!(cost < JIT_ABOVE_COST, "{name} is estimated at {cost}, past jit_above_cost: {plan:#}");
     for node in nodes(plan) {
         let kind = node["Node Type"].as_str().unwrap_or_default();
-        // The per-pod queriers table is small; the logs of running changes hold the changes
-        // since the last fold (a claim batch's, or the upkeep's every second).
-        let small = ["queriers", "tenant_running_changes", "strategy_running_changes"];
+        // The per-pod queriers table is small, and so is service_policies, a row per service
+        // an operator set a policy on; the logs of running changes hold the changes since the
+        // last fold (a claim batch's, or the upkeep's every second).
+        let small =
+            ["queriers", "service_policies", "tenant_running_changes", "strategy_running_changes"];
         if !small.iter().any(|table| node["Relation Name"] == *table) {
             assert_ne!(kind, "Seq Scan", "{name} scans {}: {plan:#}", node["Relation Name"]);
         }
@@ -140,6 +142,7 @@ fn assert_index_probes(name: &str, plan: &Value) {
                 // batch's own updates returned (a batch of endings), read from its CTEs.
                 nodes(input).iter().all(|below| below["Relation Name"].is_null())
                     || input["Index Name"] == "work_items_leases"
+                    || input["Relation Name"] == "service_policies"
                     || (input["Node Type"] == "Bitmap Heap Scan"
                         && input["Relation Name"] == "service_users")
             })
@@ -378,6 +381,20 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
             "no plan of the endings' counter moves ({mode})"
         );
         plans.extend(endings);
+        // A capped and rate-limited service: its policy row, and its running items counted
+        // from the leases index, not from the backlog.
+        let policed = format!(
+            "INSERT INTO service_policies (service, max_running, rate_per_second, burst) \
+             VALUES ('svc', 1000000, 1000, 100); {}",
+            claims("pod-0")
+        );
+        let policed = nested_plans(&db, &mut notices, &policed).await;
+        assert!(
+            policed.iter().any(|(text, plan)| text.contains("FROM work_items w")
+                && nodes(plan).iter().any(|node| node["Index Name"] == "work_items_leases")),
+            "a capped service's running items are not counted from work_items_leases ({mode})"
+        );
+        plans.extend(policed);
         // The promoter: its due items from work_items_scheduled, a batch of them made ready.
         let promotion =
             nested_plans(&db, &mut notices, "SELECT promote_scheduled_items(1, 500)").await;

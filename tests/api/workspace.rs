@@ -139,8 +139,17 @@ fn the_wire_types_and_the_client_carry_no_trace_exporter() {
 
 /// The broker's duties: each a folder of `crates/fairway-broker/src` with its Rust, its
 /// statements' `.sql` files and, in `functions/`, its server functions.
-const DUTIES: [&str; 8] =
-    ["auth", "claims", "counters", "endings", "jobs", "maintenance", "tenancy", "traces"];
+const DUTIES: [&str; 9] = [
+    "auth",
+    "claims",
+    "counters",
+    "endings",
+    "jobs",
+    "maintenance",
+    "policies",
+    "tenancy",
+    "traces",
+];
 
 fn broker_source() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/fairway-broker/src")

@@ -5,6 +5,7 @@
 mod error;
 pub mod model;
 pub mod pages;
+pub mod policy;
 pub mod retry;
 pub mod strategy;
 pub mod summary;

@@ -1,6 +1,7 @@
 //! The broker's domain: jobs, the fair claim, status updates, leases and the counters that
 //! keep the fair order, independent of how requests arrive. [`Broker`] owns one type per duty
-//! (claims, endings, jobs, maintenance, tenancy); each keeps its own batches and statements.
+//! (claims, endings, jobs, maintenance, policies, tenancy); each keeps its own batches and
+//! statements.
 
 pub mod auth;
 pub mod batch;
@@ -16,6 +17,7 @@ mod jobs;
 pub mod listener;
 mod maintenance;
 pub mod metrics;
+mod policies;
 mod retry;
 mod rows;
 mod signals;
@@ -31,6 +33,7 @@ pub mod statements {
     pub use crate::endings::statements as endings;
     pub use crate::jobs::statements as jobs;
     pub use crate::maintenance::statements as maintenance;
+    pub use crate::policies::statements as policies;
     pub use crate::tenancy::statements as tenancy;
 }
 
@@ -53,6 +56,7 @@ pub use maintenance::{
     AskFlusher, Maintenance, Promoter, PruneBatch, PrunedJob, Pruner, QueueWaitReader, Reaper,
     Resharder, StrategyRunningFolder, Upkeep, Vacuum,
 };
+pub use policies::Policies;
 pub use signals::WorkSignals;
 pub use tenancy::Tenancy;
 
@@ -94,6 +98,7 @@ struct Duties {
     endings: Endings,
     jobs: Jobs,
     maintenance: Maintenance,
+    policies: Policies,
     tenancy: Tenancy,
 }
 
@@ -133,7 +138,8 @@ impl Broker {
         );
         let jobs = Jobs::new(core.clone());
         let maintenance = Maintenance::new(core.clone(), claims.clone(), endings.clone());
-        let duties = Arc::new(Duties { claims, endings, jobs, maintenance, tenancy });
+        let policies = Policies::new(core.clone());
+        let duties = Arc::new(Duties { claims, endings, jobs, maintenance, policies, tenancy });
         Self { core, duties }
     }
 
@@ -156,6 +162,11 @@ impl Broker {
     /// metrics snapshot and the consistency recount.
     pub fn maintenance(&self) -> &Maintenance {
         &self.duties.maintenance
+    }
+
+    /// The policies operators set on services: caps and rate limits.
+    pub fn policies(&self) -> &Policies {
+        &self.duties.policies
     }
 
     /// Queriers, tenants and their shards.

@@ -122,6 +122,7 @@ pub struct Metrics {
     transaction_retries_exhausted: IntCounterVec,
     claims_released: IntCounterVec,
     items_released: IntCounterVec,
+    passed_over: IntCounterVec,
     ending_deferrals: IntCounterVec,
     claim_duration: Histogram,
     queue_wait: HistogramVec,
@@ -236,6 +237,12 @@ impl Metrics {
                 "Items workers handed back unworked (status released): ready again at once, \
                  the attempt not counted against the retry budget.",
                 &["service"],
+            )?,
+            passed_over: counter(
+                "fairway_claims_passed_over_total",
+                "Claims that got fewer items than they asked for because a service's policy \
+                 held them back: its cap on running items (cap) or its rate limit (rate).",
+                &["reason"],
             )?,
             ending_deferrals: counter(
                 "fairway_ending_deferrals_total",
@@ -363,6 +370,11 @@ impl Metrics {
     /// A worker handed an item back unworked.
     pub fn item_released(&self, service: &str) {
         self.items_released.with_label_values(&[service]).inc();
+    }
+
+    /// A claim was held back by its service's policy: `cap` or `rate`.
+    pub fn passed_over(&self, reason: &str) {
+        self.passed_over.with_label_values(&[reason]).inc();
     }
 
     /// A worker's report found its owner's row held.

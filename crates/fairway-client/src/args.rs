@@ -39,8 +39,12 @@ pub struct AdminArgs {
 
 #[derive(Debug, Clone, Subcommand)]
 pub enum AdminCommand {
-    /// Each service's queue: ready, running, paused, oldest ready, claims per second.
-    Services,
+    /// Each service's queue: ready, running, paused, oldest ready, claims per second; or one
+    /// service's cap and rate limit.
+    Services {
+        #[command(subcommand)]
+        command: Option<ServiceCommand>,
+    },
     /// Rows of the fair order's user_work table: who has work where.
     Users {
         /// Only this service's rows.
@@ -172,6 +176,26 @@ pub enum TenantCommand {
         /// Most ready items the tenant may have waiting; 0: no limit.
         #[arg(long, default_value_t = 0)]
         max_outstanding: u32,
+    },
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum ServiceCommand {
+    /// One service's cap, rate limit and running items.
+    Show { service: String },
+    /// Set a service's cap and rate limit, for a service not yet seen too; a flag left out keeps
+    /// its value. Every broker's claims obey it from their next batch.
+    Set {
+        service: String,
+        /// Most of its items running at once, over every broker; 0: no cap.
+        #[arg(long)]
+        max_running: Option<u32>,
+        /// Items handed out per second, over every broker; 0: no limit.
+        #[arg(long)]
+        rate: Option<f64>,
+        /// Items handed out at once after a quiet spell (at least 1).
+        #[arg(long)]
+        burst: Option<u32>,
     },
 }
 

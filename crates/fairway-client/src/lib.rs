@@ -17,6 +17,7 @@ use thiserror::Error;
 use fairway_api::model::{
     ItemStatus, JobDocument, JobId, Mismatch, UserShare, UserWorkRow, WorkItem,
 };
+use fairway_api::policy::ServicePolicyDocument;
 use fairway_api::summary::ServiceSummary;
 use fairway_api::tenancy::{QuerierDocument, TenantDocument};
 use fairway_api::tokens::TokenDocument;
@@ -475,6 +476,38 @@ impl Client {
     ) -> Result<TenantDocument, ClientError> {
         let path = format!("/admin/tenants/{tenant}");
         let body = json!({ "max_queriers": max_queriers, "max_outstanding": max_outstanding });
+        decode(self.request(Method::PUT, &path).json(&body).send().await?).await
+    }
+
+    /// A service's cap, rate limit and running items.
+    pub async fn service_policy(
+        &self,
+        service: &str,
+    ) -> Result<ServicePolicyDocument, ClientError> {
+        let path = format!("/admin/services/{service}");
+        decode(self.request(Method::GET, &path).send().await?).await
+    }
+
+    /// Changes a service's cap and rate limit: the values given; None keeps a value.
+    pub async fn set_service_policy(
+        &self,
+        service: &str,
+        max_running: Option<u32>,
+        rate_per_second: Option<f64>,
+        burst: Option<u32>,
+    ) -> Result<ServicePolicyDocument, ClientError> {
+        let path = format!("/admin/services/{service}");
+        let mut body = serde_json::Map::new();
+        let fields = [
+            ("max_running", max_running.map(Value::from)),
+            ("rate_per_second", rate_per_second.map(Value::from)),
+            ("burst", burst.map(Value::from)),
+        ];
+        for (field, value) in fields {
+            if let Some(value) = value {
+                body.insert(field.to_owned(), value);
+            }
+        }
         decode(self.request(Method::PUT, &path).json(&body).send().await?).await
     }
 

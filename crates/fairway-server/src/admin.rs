@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use actix_web::{web, HttpResponse};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
 use super::error::{ApiError, ErrorBody};
@@ -15,6 +16,7 @@ use fairway_api::model::{
     Mismatch, ServiceName, StrategyUsage, TenantName, UserShare, UserWorkCursor, UserWorkRow,
 };
 use fairway_api::pages::PageLimit;
+use fairway_api::policy::{ServicePolicyChange, ServicePolicyDocument};
 use fairway_api::strategy::valid_key;
 use fairway_api::summary::ServiceSummary;
 use fairway_api::tenancy::{QuerierDocument, TenantDocument, TenantLimits};
@@ -28,6 +30,11 @@ pub fn routes(config: &mut web::ServiceConfig) {
         .service(endpoint("/admin/user-work").route(web::get().to(user_work)))
         .service(endpoint("/admin/shares").route(web::get().to(shares)))
         .service(endpoint("/admin/services").route(web::get().to(services)))
+        .service(
+            endpoint("/admin/services/{service}")
+                .route(web::get().to(service_policy))
+                .route(web::put().to(set_service_policy)),
+        )
         .service(endpoint("/admin/consistency").route(web::get().to(consistency)))
         .service(endpoint("/admin/strategies/usage").route(web::get().to(strategy_usage)))
         .service(endpoint("/admin/waiting-workers").route(web::get().to(waiting_workers)))
@@ -136,6 +143,55 @@ pub struct Services {
     responses((status = 200, description = "The services, by name.", body = Services)))]
 async fn services(broker: web::Data<Broker>) -> HttpResponse {
     HttpResponse::Ok().json(Services { services: broker.maintenance().service_summaries().await })
+}
+
+/// A service's policy and its items running now.
+#[utoipa::path(get, path = "/admin/services/{service}", tag = "admin",
+    params(("service" = String, Path, description = "The service")),
+    responses(
+        (status = 200, description = "The service's policy.", body = ServicePolicyDocument),
+        (status = 404, description = "No job names the service and it has no policy.", body = ErrorBody),
+    ))]
+async fn service_policy(
+    broker: web::Data<Broker>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let service = ServiceName::parse(&path.into_inner())?;
+    Ok(HttpResponse::Ok().json(broker.policies().service(&service).await?))
+}
+
+/// A change to a service's policy: the fields given; those left out keep their value.
+// Only the OpenAPI document reads it: the body is parsed by ServicePolicyChange::parse, which
+// names the field at fault in its own words.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+pub struct ServicePolicyBody {
+    /// Most items of the service running at once, over every broker; 0: no cap.
+    #[schema(minimum = 0, maximum = 2147483647)]
+    max_running: Option<i32>,
+    /// Items handed out per second, over every broker; 0: no limit.
+    #[schema(minimum = 0, maximum = 1000000)]
+    rate_per_second: Option<f64>,
+    /// Items handed out at once after a quiet spell: at most `burst + rate_per_second × t` in
+    /// any t seconds.
+    #[schema(minimum = 1, maximum = 1000000)]
+    burst: Option<i32>,
+}
+
+/// Set a service's cap on running items and its rate limit, for a service not yet seen too;
+/// every broker's claims obey it from their next batch.
+#[utoipa::path(put, path = "/admin/services/{service}", tag = "admin",
+    request_body = ServicePolicyBody,
+    params(("service" = String, Path, description = "The service")),
+    responses((status = 200, description = "The service's policy as it is now.", body = ServicePolicyDocument)))]
+async fn set_service_policy(
+    broker: web::Data<Broker>,
+    path: web::Path<String>,
+    body: web::Json<Value>,
+) -> Result<HttpResponse, ApiError> {
+    let service = ServiceName::parse(&path.into_inner())?;
+    let change = ServicePolicyChange::parse(&body)?;
+    Ok(HttpResponse::Ok().json(broker.policies().set_service(&service, change).await?))
 }
 
 /// Every querier.

@@ -29,6 +29,8 @@ use super::{admin, error, producers, tokens, workers};
         admin::user_work,
         admin::shares,
         admin::services,
+        admin::service_policy,
+        admin::set_service_policy,
         admin::consistency,
         admin::strategy_usage,
         admin::waiting_workers,

@@ -43,6 +43,37 @@ pub enum Look {
     Nothing,
     /// The querier has not joined yet: nothing was looked at.
     NotMember,
+    /// The service's policy allows no more items now: its cap is reached, or its rate limit's
+    /// next item is due in the given time.
+    Limited(Limit),
+}
+
+/// Which of a service's policies held a claim back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// As many of its items run as `max_running` allows: a slot frees with an ending.
+    Cap,
+    /// The rate limit's next item is due after this long.
+    Rate(Duration),
+}
+
+impl Limit {
+    fn from_row(limited: Option<&str>, retry_ms: Option<i64>) -> Option<Self> {
+        match limited? {
+            "rate" => Some(Limit::Rate(Duration::from_millis(
+                retry_ms.and_then(|ms| u64::try_from(ms).ok()).unwrap_or(1),
+            ))),
+            _ => Some(Limit::Cap),
+        }
+    }
+
+    /// The label of `fairway_claims_passed_over_total`.
+    fn reason(self) -> &'static str {
+        match self {
+            Limit::Cap => "cap",
+            Limit::Rate(_) => "rate",
+        }
+    }
 }
 
 /// Hands out work: each claim waits in a group-commit batch with the claims that arrive
@@ -100,22 +131,31 @@ impl Claims {
     /// the claim waits here for one of them to be released rather than answer "no work", and
     /// rather than queue inside PostgreSQL on a row lock while holding a connection.
     pub async fn claim(&self, request: &ClaimRequest) -> Result<Vec<WorkItem>, BrokerError> {
+        Ok(self.claim_within_policy(request).await?.0)
+    }
+
+    /// As [`Claims::claim`], and when the service's policy held the claim back, which limit.
+    async fn claim_within_policy(
+        &self,
+        request: &ClaimRequest,
+    ) -> Result<(Vec<WorkItem>, Option<Limit>), BrokerError> {
         let signal = self.core.signals.for_service(request.service.as_str());
         let deadline = Instant::now() + CONTENDED_LIMIT;
         loop {
             if self.core.is_draining() {
-                return Ok(Vec::new());
+                return Ok((Vec::new(), None));
             }
             let mut released = pin!(signal.released());
             released.as_mut().enable();
             match self.look_for_work(request).await? {
                 Look::Claimed(items) => {
                     signal.release_one();
-                    return Ok(items);
+                    return Ok((items, None));
                 }
-                Look::Nothing => return Ok(Vec::new()),
+                Look::Nothing => return Ok((Vec::new(), None)),
+                Look::Limited(limit) => return Ok((Vec::new(), Some(limit))),
                 Look::NotMember => self.tenancy.join_querier(request.querier.as_str()).await?,
-                Look::Contended if Instant::now() >= deadline => return Ok(Vec::new()),
+                Look::Contended if Instant::now() >= deadline => return Ok((Vec::new(), None)),
                 Look::Contended => {
                     let _ = tokio::time::timeout(RELEASE_POLL, released).await;
                 }
@@ -195,6 +235,7 @@ impl Claims {
         let mut items: Vec<Vec<WorkItem>> = requests.iter().map(|_| Vec::new()).collect();
         let mut states: Vec<Option<String>> = vec![None; requests.len()];
         let mut passed_over = vec![false; requests.len()];
+        let mut limits: Vec<Option<Limit>> = vec![None; requests.len()];
         let claim = ClaimItems {
             services: &services,
             queriers: &queriers,
@@ -214,6 +255,7 @@ impl Claims {
             let request = batch_index(row.request, requests.len())?;
             states[request] = row.querier_state.clone();
             let passed = row.passed_over == Some(true);
+            limits[request] = Limit::from_row(row.limited.as_deref(), row.retry_ms);
             match rows::work_item(row, services[request])? {
                 Some(item) => items[request].push(item),
                 None => passed_over[request] = passed,
@@ -230,9 +272,15 @@ impl Claims {
             },
         ));
         let mut looks = Vec::with_capacity(requests.len());
-        for (((request, items), state), passed_over) in
-            requests.iter().zip(items).zip(states).zip(passed_over)
+        for ((((request, items), state), passed_over), limit) in
+            requests.iter().zip(items).zip(states).zip(passed_over).zip(limits)
         {
+            if let (true, Some("active"), Some(limit)) = (items.is_empty(), state.as_deref(), limit)
+            {
+                self.core.metrics.passed_over(limit.reason());
+                looks.push(Ok(Look::Limited(limit)));
+                continue;
+            }
             looks.push(match state.as_deref() {
                 _ if !items.is_empty() => Ok(Look::Claimed(items)),
                 None => Ok(Look::NotMember),
@@ -285,7 +333,7 @@ impl Claims {
         loop {
             let mut notified = pin!(signal.notified());
             notified.as_mut().enable();
-            let items = self.claim(request).await?;
+            let (items, limit) = self.claim_within_policy(request).await?;
             if !items.is_empty() || Instant::now() >= deadline {
                 return Ok(items);
             }
@@ -293,8 +341,17 @@ impl Claims {
             // A waiting querier is still there: its last_seen keeps moving while it waits, so
             // that it neither looks disconnected nor is forgotten in the middle of a long poll.
             let touch_every = Duration::from_millis(self.core.touch_every_millis().unsigned_abs());
-            let capped = request.strategy.as_deref().is_some_and(has_hard_cap);
-            let slice = if capped { CAPPED_POLL } else { touch_every };
+            // Held back by a cap, a slot frees with an ending that may be another broker's,
+            // which nothing signals here: look again on a short period. Held back by a rate,
+            // look again when the next item is due.
+            let capped =
+                limit == Some(Limit::Cap) || request.strategy.as_deref().is_some_and(has_hard_cap);
+            let slice = match limit {
+                Some(Limit::Rate(due)) => due.min(touch_every),
+                _ if capped => CAPPED_POLL,
+                _ => touch_every,
+            };
+            let capped = capped || limit.is_some();
             loop {
                 let until = deadline.min(Instant::now() + slice);
                 tokio::select! {

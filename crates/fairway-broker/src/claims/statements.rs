@@ -52,6 +52,11 @@ row! {
         passed_over: Option<bool>,
         /// The producer's trace the item's job was submitted in, if any.
         traceparent: Option<String>,
+        /// Why the request got fewer items than it asked for under its service's policy:
+        /// `cap` or `rate`.
+        limited: Option<String>,
+        /// For a rate limit, in how many milliseconds the next item is due.
+        retry_ms: Option<i64>,
     }
 }
 

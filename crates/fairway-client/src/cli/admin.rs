@@ -4,10 +4,13 @@ use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde::Serialize;
 
 use super::{client, CliError};
-use crate::args::{AdminArgs, AdminCommand, JobCommand, TenantCommand, TokenCommand};
+use crate::args::{
+    AdminArgs, AdminCommand, JobCommand, ServiceCommand, TenantCommand, TokenCommand,
+};
 use crate::JobAction;
 use crate::{Client, JobFilter};
 use fairway_api::model::{JobDocument, JobId, UserWorkRow};
+use fairway_api::policy::ServicePolicyDocument;
 use fairway_api::summary::ServiceSummary;
 use fairway_api::tenancy::{QuerierDocument, TenantDocument};
 use fairway_api::tokens::TokenDocument;
@@ -29,7 +32,18 @@ async fn run_command(args: AdminArgs) -> Result<(), CliError> {
     let client = client(&args.broker)?;
     let print = Printer { json: args.json };
     match args.command {
-        AdminCommand::Services => print.list(&client.services().await?, services_table),
+        AdminCommand::Services { command: None } => {
+            print.list(&client.services().await?, services_table)
+        }
+        AdminCommand::Services { command: Some(ServiceCommand::Show { service }) } => {
+            print.list(&[client.service_policy(&service).await?], policies_table)
+        }
+        AdminCommand::Services {
+            command: Some(ServiceCommand::Set { service, max_running, rate, burst }),
+        } => {
+            let policy = client.set_service_policy(&service, max_running, rate, burst).await?;
+            print.list(&[policy], policies_table)
+        }
         AdminCommand::Users { service, user, limit } => {
             let rows = client.user_work(service.as_deref(), user.as_deref(), limit).await?;
             print.list(&rows, users_table)
@@ -330,6 +344,21 @@ fn tenants_table(tenants: &[TenantDocument]) -> Table {
             tenant.max_outstanding.to_string(),
             tenant.outstanding.to_string(),
             queriers,
+        ]);
+    }
+    table
+}
+
+fn policies_table(policies: &[ServicePolicyDocument]) -> Table {
+    let mut table = table(&["service", "max running", "rate /s", "burst", "running"]);
+    let or_none = |set: bool, value: String| if set { value } else { "none".to_owned() };
+    for policy in policies {
+        table.add_row(vec![
+            policy.service.clone(),
+            or_none(policy.max_running > 0, policy.max_running.to_string()),
+            or_none(policy.rate_per_second > 0.0, policy.rate_per_second.to_string()),
+            policy.burst.to_string(),
+            policy.running.to_string(),
         ]);
     }
     table

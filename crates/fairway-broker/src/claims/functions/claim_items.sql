@@ -57,8 +57,12 @@
 -- For a strategy, passed_over then says whether a step was passed over because another
 -- transaction held its user or its capped value's row (so that looking again may find it).
 --
--- Locks, in the order every transaction keeps: the tenant rows with logged changes, folded
--- first (fold_tenant_running_changes); then per item the user's users row (SKIP LOCKED), a
+-- A request of a service with a cap or a rate limit takes at most what admit_services allows
+-- it, and the items taken are billed to the service's bucket last (charge_services).
+--
+-- Locks, in the order every transaction keeps: the service_policies rows of capped or limited
+-- services, in service order (admit_services); the tenant rows with logged changes, folded
+-- next (fold_tenant_running_changes); then per item the user's users row (SKIP LOCKED), a
 -- capped value's strategy_running row (SKIP LOCKED), the item, the counter rows; the tenant's
 -- row last. A claim waits for a tenant row only when it
 -- sorts after every tenant row the transaction holds, the order apply_tenant_deltas takes them
@@ -97,7 +101,11 @@ RETURNS TABLE (
     tenant text,
     actor text[],
     passed_over boolean,
-    traceparent text
+    traceparent text,
+    -- Why a request of a capped or rate-limited service got fewer items than it asked for:
+    -- 'cap' or 'rate' (admit_services); for a rate, in how many milliseconds one is due.
+    limited text,
+    retry_ms bigint
 )
 LANGUAGE plpgsql
 AS $claims$
@@ -161,7 +169,27 @@ DECLARE
     v_set record;
     v_set_claimed integer;
     v_set_missed boolean;
+    -- Service policies: why each request was cut, and how many items each took, to bill.
+    v_policed boolean := false;
+    v_admitted record;
+    v_limited text[];
+    v_retry_ms bigint[];
+    v_taken integer[];
 BEGIN
+    -- Capped and rate-limited services first, before anything else is locked: each request's
+    -- max is cut to what its service's policy still allows (admit_services).
+    v_limited := array_fill(NULL::text, ARRAY[cardinality(p_services)]);
+    v_retry_ms := array_fill(NULL::bigint, ARRAY[cardinality(p_services)]);
+    v_taken := array_fill(0, ARRAY[cardinality(p_services)]);
+    FOR v_admitted IN SELECT * FROM admit_services(p_services, p_maxes) LOOP
+        v_policed := true;
+        p_maxes[v_admitted.request] := v_admitted.allowed;
+        v_limited[v_admitted.request] := v_admitted.limited;
+        v_retry_ms[v_admitted.request] := v_admitted.retry_ms;
+    END LOOP;
+    limited := NULL;
+    retry_ms := NULL;
+
     -- The running-count changes logged since the last batch, first: the tenant order below
     -- reads the counts. The rows folded are held from here on, so the greatest is the bound
     -- below which this transaction's claims may not wait.
@@ -299,6 +327,8 @@ BEGIN
         actor := NULL;
         passed_over := false;
         traceparent := NULL;
+        limited := v_limited[i];
+        retry_ms := v_retry_ms[i];
         v_attempts := p_strategies[i];
 
         IF querier_state IS DISTINCT FROM 'active' THEN
@@ -845,11 +875,15 @@ BEGIN
             -- Sixteen looks found the order moving under them: leave it to the broker's retry.
             EXIT items;
         END LOOP;
+        v_taken[i] := v_claimed;
         IF v_claimed = 0 THEN
             username := NULL;
             id := NULL;
             RETURN NEXT;
         END IF;
     END LOOP;
+    IF v_policed THEN
+        PERFORM charge_services(p_services, v_taken);
+    END IF;
 END;
 $claims$;

@@ -1,0 +1,32 @@
+//! Every statement of the policies, one per `.sql` file beside it.
+
+use crate::db::sql::{row, statement};
+
+statement! {
+    /// A service's policy, and its items running now.
+    ServicePolicyOf<'a> = "service_policy" -> ServicePolicyRow {
+        service: &'a str,
+    }
+}
+
+row! {
+    ServicePolicyRow {
+        service: String,
+        max_running: i32,
+        rate_per_second: f64,
+        burst: i32,
+        running: i64,
+        /// Whether a job has named the service or a policy exists for it.
+        known: bool,
+    }
+}
+
+statement! {
+    /// Sets a service's policy; a field None keeps its value.
+    SetServicePolicy<'a> = "set_service_policy" -> () {
+        service: &'a str,
+        max_running: Option<i32>,
+        rate_per_second: Option<f64>,
+        burst: Option<i32>,
+    }
+}
