@@ -457,3 +457,22 @@ async fn batch_against_single_claims(
     single.assert_consistent().await;
     one_at_a_time
 }
+
+#[tokio::test]
+async fn within_a_user_a_higher_priority_goes_first_but_not_before_synchronous_work() {
+    let app = spawn_app().await;
+    let job = |priority: i32, is_async: bool, n: i32| {
+        json!({ "user": "pia", "is_async": is_async, "priority": priority,
+                "steps": [{ "service": "prio" }], "items": [{ "payload": { "n": n } }] })
+    };
+    app.submit(job(0, true, 1)).await;
+    app.submit(job(7, true, 2)).await;
+    app.submit(job(-3, false, 3)).await;
+    app.submit(job(2, true, 4)).await;
+    let mut order = Vec::new();
+    while let Some(item) = app.claim("prio").await {
+        order.push(item["payload"]["n"].as_i64().expect("n"));
+    }
+    assert_eq!(order, [3, 2, 4, 1], "sync first, then by priority, highest first");
+    app.assert_consistent().await;
+}

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from conftest import Broker, TlsBroker, free_port, unique, wait_until
-from fairway_client import AsyncClient, Client, FairwayError, RetryPolicy
+from fairway_client import AsyncClient, Client, FairwayError, RetryPolicy, ServicePolicy
 
 
 def work_all(client: Client, service: str, results: Any = None) -> int:
@@ -421,5 +421,68 @@ def test_https_with_a_private_ca(tls_broker: TlsBroker, monkeypatch: pytest.Monk
     async def scenario() -> None:
         async with AsyncClient(tls_broker.url, verify=tls_broker.ca) as client:
             assert (await client.job(job_id))["job_id"] == job_id
+
+    asyncio.run(scenario())
+
+
+def test_service_policy_set_before_work_read_back_and_changed_a_field_at_a_time(
+    broker: Broker,
+) -> None:
+    service = unique("capped")
+    with Client(broker.url) as client:
+        # No job names the service yet, and it has no policy.
+        with pytest.raises(FairwayError) as missing:
+            client.service_policy(service)
+        assert (missing.value.status, missing.value.code) == (404, "service_not_found")
+
+        expected: ServicePolicy = {
+            "service": service,
+            "max_running": 2,
+            "rate_per_second": 0.0,
+            "burst": 1,
+            "running": 0,
+        }
+        assert client.set_service_policy(service, max_running=2) == expected
+        assert client.service_policy(service) == expected
+
+        changed = client.set_service_policy(service, burst=5)
+        assert changed == {**expected, "burst": 5}
+        assert client.service_policy(service) == changed
+
+        with pytest.raises(FairwayError) as refused:
+            client.set_service_policy(service, burst=0)
+        assert (refused.value.status, refused.value.code) == (400, "invalid_policy")
+        assert refused.value.message.startswith("burst:")
+        assert client.service_policy(service) == changed
+
+        # The cap holds: of three ready items, a claim gets two.
+        client.submit(unique("mia"), [service], ["G1", "G2", "G3"])
+        assert len(client.claim(service, "q", max=3)) == 2
+        assert client.service_policy(service)["running"] == 2
+        lifted = client.set_service_policy(service, max_running=0, rate_per_second=0.5)
+        assert (lifted["max_running"], lifted["rate_per_second"], lifted["burst"]) == (0, 0.5, 5)
+
+
+def test_async_service_policy(broker: Broker) -> None:
+    service = unique("async-capped")
+
+    async def scenario() -> None:
+        async with AsyncClient(broker.url) as client:
+            with pytest.raises(FairwayError) as missing:
+                await client.service_policy(service)
+            assert (missing.value.status, missing.value.code) == (404, "service_not_found")
+            policy = await client.set_service_policy(service, rate_per_second=2.5, burst=3)
+            assert policy == {
+                "service": service,
+                "max_running": 0,
+                "rate_per_second": 2.5,
+                "burst": 3,
+                "running": 0,
+            }
+            assert await client.service_policy(service) == policy
+            with pytest.raises(FairwayError) as refused:
+                await client.set_service_policy(service, max_running=-1)
+            assert (refused.value.status, refused.value.code) == (400, "invalid_policy")
+            assert refused.value.message.startswith("max_running:")
 
     asyncio.run(scenario())

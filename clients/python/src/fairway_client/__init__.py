@@ -7,7 +7,7 @@ Producers use :class:`Client` (or :class:`AsyncClient`); a service's pods run a
 :mod:`fairway_client.harmony`.
 """
 
-from ._core import FINISHED_STATUSES, Backoff, Duration, RetryPolicy, Verify
+from ._core import FINISHED_STATUSES, Backoff, Duration, RetryPolicy, ServicePolicy, Verify
 from ._errors import FairwayError, PermanentError, Release
 from .aio import AsyncClient
 from .client import Client
@@ -29,6 +29,7 @@ __all__ = [
     "PermanentError",
     "Release",
     "RetryPolicy",
+    "ServicePolicy",
     "Succeeded",
     "Verify",
     "Worker",

@@ -58,6 +58,22 @@ class RetryPolicy(TypedDict, total=False):
     max: Duration
 
 
+class ServicePolicy(TypedDict):
+    """A service's policy and its items running now, as ``GET`` and ``PUT
+    /admin/services/{service}`` answer."""
+
+    service: str
+    #: Most of the service's items running at once, over every broker; 0: no cap.
+    max_running: int
+    #: Items handed out per second, over every broker; 0: no limit.
+    rate_per_second: float
+    #: Items handed out at once after a quiet spell: at most ``burst + rate_per_second * t``
+    #: in any t seconds.
+    burst: int
+    #: The service's items running now.
+    running: int
+
+
 #: What ``verify=`` takes: True (the default trust store, or ``SSL_CERT_FILE``), False (no
 #: check), the path of a CA bundle or of a directory of CA certificates, or an SSL context.
 Verify = Union[bool, str, os.PathLike[str], ssl.SSLContext]
@@ -161,6 +177,23 @@ def transport_error(error: httpx.HTTPError, call: Call) -> FairwayError:
 
 def job_path(job_id: str, suffix: str = "") -> str:
     return f"/jobs/{quote(str(job_id), safe='')}{suffix}"
+
+
+def service_policy_call(service: str) -> Call:
+    return Call("GET", f"/admin/services/{quote(service, safe='')}")
+
+
+def set_service_policy_call(
+    service: str,
+    *,
+    max_running: int | None,
+    rate_per_second: float | None,
+    burst: int | None,
+) -> Call:
+    # Only the fields given: the broker keeps the value of every field left out.
+    fields = {"max_running": max_running, "rate_per_second": rate_per_second, "burst": burst}
+    body = {key: value for key, value in fields.items() if value is not None}
+    return Call("PUT", f"/admin/services/{quote(service, safe='')}", body=body)
 
 
 def querier_shutdown_call(querier: str) -> Call:

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from . import _core
-from ._core import Call, RetryPolicy, Step, Strategy, Verify
+from ._core import Call, RetryPolicy, ServicePolicy, Step, Strategy, Verify
 
 
 class AsyncClient:
@@ -278,6 +278,30 @@ class AsyncClient:
 
     async def shutdown_querier(self, querier: str) -> None:
         await self._call(_core.querier_shutdown_call(querier))
+
+    # Operators.
+
+    async def service_policy(self, service: str) -> ServicePolicy:
+        """See :meth:`fairway_client.Client.service_policy`."""
+        answer: ServicePolicy = await self._call(_core.service_policy_call(service))
+        return answer
+
+    async def set_service_policy(
+        self,
+        service: str,
+        *,
+        max_running: int | None = None,
+        rate_per_second: float | None = None,
+        burst: int | None = None,
+    ) -> ServicePolicy:
+        """See :meth:`fairway_client.Client.set_service_policy`."""
+        call = _core.set_service_policy_call(
+            service, max_running=max_running, rate_per_second=rate_per_second, burst=burst
+        )
+        answer: ServicePolicy = await self._call(call)
+        return answer
+
+    # Probes.
 
     async def ready(self) -> bool:
         try:

@@ -1,5 +1,5 @@
-"""The synchronous client: producers' calls (submit, wait, read back, steer) and the worker
-API underneath :class:`fairway_client.Worker` (claim, report)."""
+"""The synchronous client: producers' calls (submit, wait, read back, steer), the worker API
+underneath :class:`fairway_client.Worker` (claim, report), and operators' service policies."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from . import _core
-from ._core import Call, RetryPolicy, Step, Strategy, Verify
+from ._core import Call, RetryPolicy, ServicePolicy, Step, Strategy, Verify
 
 
 class Client:
@@ -307,6 +307,34 @@ class Client:
     def shutdown_querier(self, querier: str) -> None:
         """Tells the broker that ``querier`` is leaving: it gets no more work."""
         self._call(_core.querier_shutdown_call(querier))
+
+    # Operators.
+
+    def service_policy(self, service: str) -> ServicePolicy:
+        """The service's policy (``max_running``, ``rate_per_second``, ``burst``) and its items
+        running now. Raises ``FairwayError`` 404 ``service_not_found`` for a service that no job
+        names and that has no policy."""
+        answer: ServicePolicy = self._call(_core.service_policy_call(service))
+        return answer
+
+    def set_service_policy(
+        self,
+        service: str,
+        *,
+        max_running: int | None = None,
+        rate_per_second: float | None = None,
+        burst: int | None = None,
+    ) -> ServicePolicy:
+        """Changes the fields given of the service's policy, for a service no job has named yet
+        too, and returns the policy as it is now; those left None keep their value.
+        ``max_running`` 0 lifts the cap, ``rate_per_second`` 0 the rate limit; ``burst`` is at
+        least 1. A bad value raises ``FairwayError`` 400 ``invalid_policy``, its message
+        starting with the field's name, and changes nothing."""
+        call = _core.set_service_policy_call(
+            service, max_running=max_running, rate_per_second=rate_per_second, burst=burst
+        )
+        answer: ServicePolicy = self._call(call)
+        return answer
 
     # Probes.
 

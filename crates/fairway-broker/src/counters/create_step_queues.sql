@@ -6,7 +6,8 @@
 -- read of them then starts there rather than at the first item of the table, which a plan that
 -- walks the primary key would read through.
 WITH step AS (
-    SELECT j.job_id, s.step_index, s.service, j.username, j.is_async, j.tenant, j.actor,
+    SELECT j.job_id, s.step_index, s.service, j.username, j.is_async, j.priority, j.tenant,
+           j.actor,
            j.status = 'paused' AS paused,
            EXISTS (SELECT 1 FROM job_metadata m WHERE m.job_id = j.job_id) AS has_metadata
       FROM jobs j
@@ -14,10 +15,10 @@ WITH step AS (
      WHERE j.job_id = $1
        AND s.step_index = $2
 ), step_rows AS (
-    INSERT INTO user_work (job_id, step_index, component, username, service, is_async, tenant,
-                           actor, paused, has_metadata, ready_from)
+    INSERT INTO user_work (job_id, step_index, component, username, service, is_async, priority,
+                           tenant, actor, paused, has_metadata, ready_from)
     SELECT step.job_id, step.step_index, c.component, step.username, step.service,
-           step.is_async, step.tenant, step.actor, step.paused, step.has_metadata,
+           step.is_async, step.priority, step.tenant, step.actor, step.paused, step.has_metadata,
            (SELECT coalesce(max(wi.id), 0) FROM work_items wi)
       FROM step, unnest($3::text[]) AS c(component)
         ON CONFLICT (job_id, step_index, component) DO NOTHING

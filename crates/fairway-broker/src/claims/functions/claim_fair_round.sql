@@ -184,7 +184,8 @@ BEGIN
                   AND uw.actor = '{}'
                   AND uw.ready_count > 0
                   AND NOT uw.paused
-                ORDER BY uw.is_async, uw.last_worked NULLS FIRST, uw.job_id, uw.step_index
+                ORDER BY uw.is_async, uw.priority DESC, uw.last_worked NULLS FIRST, uw.job_id,
+                         uw.step_index
                 LIMIT 1
                ) s
          WHERE b.first_inexact IS NULL OR h.place < b.first_inexact

@@ -23,8 +23,9 @@
 -- 4. Down the user's actor tree: a node's best child actor goes before the node's own jobs when
 --    it has less work in progress, or as much and was worked less recently (never worked counts
 --    as longest ago). Skipped when none of the user's ready work is under an actor.
--- 5. The node's best job step (synchronous first, then least recently worked), then the step's
---    lowest ready item of the component, read from the step's ready_from.
+-- 5. The node's best job step (synchronous first, then the job's higher priority, then least
+--    recently worked), then the step's lowest ready item of the component, read from the
+--    step's ready_from.
 -- 6. The item is leased, and the step's user_work row, the users row, the claimed queue's
 --    service_users row and the path's actor_queues rows move in this same transaction; the
 --    tenant's row too while other tenants compete for the component.
@@ -726,7 +727,8 @@ BEGIN
                         AND uw.actor = v_path
                         AND uw.ready_count > 0
                         AND NOT uw.paused
-                      ORDER BY uw.is_async, uw.last_worked NULLS FIRST, uw.job_id, uw.step_index
+                      ORDER BY uw.is_async, uw.priority DESC, uw.last_worked NULLS FIRST,
+                               uw.job_id, uw.step_index
                       LIMIT 1)
                     UNION ALL
                     -- The step a strategy chose.
