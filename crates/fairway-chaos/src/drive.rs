@@ -52,7 +52,10 @@ pub struct Refusal {
     pub op: String,
     pub status: u16,
     pub repeat: bool,
+    /// When the answer came.
     pub at_ms: u64,
+    /// When the request was sent: a request in flight through a fault may be refused after it.
+    pub sent_ms: u64,
     pub message: String,
 }
 
@@ -71,14 +74,15 @@ pub struct Record {
 }
 
 impl Refusal {
-    pub fn of(op: &str, error: &ClientError, repeat: bool) -> Self {
+    pub fn of(op: &str, error: &ClientError, repeat: bool, sent_ms: u64) -> Self {
         let status = match error {
             ClientError::Api { status, .. } | ClientError::Unexpected { status, .. } => {
                 status.as_u16()
             }
             ClientError::Transport(_) | ClientError::CaCert { .. } => 0,
         };
-        Self { op: op.to_owned(), status, repeat, at_ms: now_ms(), message: error.to_string() }
+        let (at_ms, message) = (now_ms(), error.to_string());
+        Self { op: op.to_owned(), status, repeat, at_ms, sent_ms, message }
     }
 }
 
@@ -168,6 +172,7 @@ async fn work(shared: Arc<Shared>, slot: u32) {
         wait: CLAIM_WAIT,
     };
     while !shared.stop.is_cancelled() {
+        let sent = now_ms();
         let claimed = tokio::select! {
             _ = shared.stop.cancelled() => break,
             claimed = shared.clients[broker].claim(&params) => claimed,
@@ -175,7 +180,8 @@ async fn work(shared: Arc<Shared>, slot: u32) {
         let items = match claimed {
             Ok(items) => items,
             Err(error) => {
-                shared.note(|record| record.refused.push(Refusal::of("claim", &error, false)));
+                shared
+                    .note(|record| record.refused.push(Refusal::of("claim", &error, false, sent)));
                 broker = (broker + 1) % brokers;
                 tokio::time::sleep(RETRY_PAUSE).await;
                 continue;
@@ -193,12 +199,14 @@ async fn work(shared: Arc<Shared>, slot: u32) {
                 // This worker cannot start the item: it hands it back, once; an unanswered
                 // release leaves the item to its lease, as a dying worker does.
                 let release = Report::Released { attempt, reason: Some("chaos".to_owned()) };
+                let sent = now_ms();
                 match shared.clients[broker].report(id, &release).await {
                     Ok(_) => {
                         shared.released.fetch_add(1, Ordering::Relaxed);
                     }
-                    Err(error) => shared
-                        .note(|record| record.refused.push(Refusal::of("release", &error, false))),
+                    Err(error) => shared.note(|record| {
+                        record.refused.push(Refusal::of("release", &error, false, sent))
+                    }),
                 }
                 continue;
             }
@@ -218,6 +226,7 @@ async fn report(shared: &Shared, mut broker: usize, item: &WorkItem, dice: &mut 
     let mut repeat = false;
     let patience = Instant::now() + REPORT_PATIENCE;
     loop {
+        let sent = now_ms();
         match shared.clients[broker].report(id, &report).await {
             Ok(_) if lose_answer => lose_answer = false,
             Ok(_) => {
@@ -226,7 +235,9 @@ async fn report(shared: &Shared, mut broker: usize, item: &WorkItem, dice: &mut 
                 return broker;
             }
             Err(error) => {
-                shared.note(|record| record.refused.push(Refusal::of("report", &error, repeat)));
+                shared.note(|record| {
+                    record.refused.push(Refusal::of("report", &error, repeat, sent))
+                });
                 if !error.is_transient() || Instant::now() > patience {
                     return broker;
                 }

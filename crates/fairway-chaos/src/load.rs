@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::drive::Refusal;
-use super::{IDLE_SERVICE, SERVICES};
+use super::{now_ms, IDLE_SERVICE, SERVICES};
 use fairway_api::model::{JobDocument, JobId, JobStatus};
 use fairway_client::Client;
 
@@ -95,6 +95,7 @@ impl Load {
         let mut broker = self.submitted.load(Ordering::Relaxed) as usize;
         loop {
             let client = &self.clients[broker % self.clients.len()];
+            let sent = now_ms();
             match client.submit(job).await {
                 Ok(submitted) => {
                     let tracked = Tracked { job: submitted.job_id, steps };
@@ -104,7 +105,7 @@ impl Load {
                     return Some(submitted.job_id);
                 }
                 Err(error) => {
-                    self.note(Refusal::of("submit", &error, false));
+                    self.note(Refusal::of("submit", &error, false, sent));
                     if !error.is_transient() {
                         return None;
                     }
@@ -124,6 +125,7 @@ impl Load {
         let mut broker = job.0.as_u128() as usize;
         loop {
             let client = &self.clients[broker % self.clients.len()];
+            let sent = now_ms();
             let waited = tokio::select! {
                 _ = self.stop.cancelled(), if deadline.is_none() => return None,
                 waited = client.wait_for_job(job, JOB_WAIT) => waited,
@@ -132,7 +134,7 @@ impl Load {
                 Ok(document) if finished(document.status) => return Some(document),
                 Ok(_) => {}
                 Err(error) => {
-                    self.note(Refusal::of("wait", &error, false));
+                    self.note(Refusal::of("wait", &error, false, sent));
                     broker += 1;
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
