@@ -351,7 +351,9 @@ impl Claims {
                 _ if capped => CAPPED_POLL,
                 _ => touch_every,
             };
-            let capped = capped || limit.is_some();
+            // A slot that frees or a bucket that refills is not notified: after each slice, look
+            // again.
+            let look_again = capped || limit.is_some();
             loop {
                 let until = deadline.min(Instant::now() + slice);
                 tokio::select! {
@@ -362,8 +364,7 @@ impl Claims {
                     }
                     () = self.core.drained() => return Ok(items),
                 }
-                // Under a cap, capacity may have freed meanwhile: look again.
-                if capped && Instant::now() < deadline {
+                if look_again && Instant::now() < deadline {
                     break;
                 }
                 self.tenancy.touch(request.querier.as_str()).await?;
