@@ -142,7 +142,7 @@ mod tests {
     use super::*;
 
     /// The digest of the files at [`REVISION`].
-    const PINNED_DIGEST: &str = "332a496fd85e22b5a07e5e6346bdde1280d359776b02c9ae18269153dcdd81a9";
+    const PINNED_DIGEST: &str = "e645744fec29f21615d64ffb0ac1e53cf2240aa572510a5d34f10015be6d3e0f";
 
     #[test]
     fn the_digest_is_pinned_for_this_revision() {

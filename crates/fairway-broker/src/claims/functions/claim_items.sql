@@ -170,24 +170,29 @@ DECLARE
     v_set record;
     v_set_claimed integer;
     v_set_missed boolean;
-    -- Service policies: why each request was cut, and how many items each took, to bill.
-    v_policed boolean := false;
+    -- Service policies: why each request was cut, and how many items each took, to bill
+    -- (all NULL in a batch no policy touches).
+    v_policed boolean;
     v_admitted record;
     v_limited text[];
     v_retry_ms bigint[];
     v_taken integer[];
 BEGIN
     -- Capped and rate-limited services first, before anything else is locked: each request's
-    -- max is cut to what its service's policy still allows (admit_services).
-    v_limited := array_fill(NULL::text, ARRAY[cardinality(p_services)]);
-    v_retry_ms := array_fill(NULL::bigint, ARRAY[cardinality(p_services)]);
-    v_taken := array_fill(0, ARRAY[cardinality(p_services)]);
-    FOR v_admitted IN SELECT * FROM admit_services(p_services, p_maxes) LOOP
-        v_policed := true;
-        p_maxes[v_admitted.request] := v_admitted.allowed;
-        v_limited[v_admitted.request] := v_admitted.limited;
-        v_retry_ms[v_admitted.request] := v_admitted.retry_ms;
-    END LOOP;
+    -- max is cut to what its service's policy still allows (admit_services). A batch of
+    -- services without a policy pays this one probe.
+    v_policed := EXISTS (SELECT 1
+                           FROM service_policies sp
+                          WHERE sp.service = ANY (p_services)
+                            AND (sp.max_running > 0 OR sp.rate_per_second > 0));
+    IF v_policed THEN
+        v_taken := array_fill(0, ARRAY[cardinality(p_services)]);
+        FOR v_admitted IN SELECT * FROM admit_services(p_services, p_maxes) LOOP
+            p_maxes[v_admitted.request] := v_admitted.allowed;
+            v_limited[v_admitted.request] := v_admitted.limited;
+            v_retry_ms[v_admitted.request] := v_admitted.retry_ms;
+        END LOOP;
+    END IF;
     limited := NULL;
     retry_ms := NULL;
 
@@ -877,7 +882,9 @@ BEGIN
             -- Sixteen looks found the order moving under them: leave it to the broker's retry.
             EXIT items;
         END LOOP;
-        v_taken[i] := v_claimed;
+        IF v_policed THEN
+            v_taken[i] := v_claimed;
+        END IF;
         IF v_claimed = 0 THEN
             username := NULL;
             id := NULL;
