@@ -62,6 +62,8 @@ const ROUTES: &[(&str, &str, &str, Scope)] = &[
     ("GET", "/admin/user-work", "admin reader", Scope::None),
     ("GET", "/admin/shares", "admin reader", Scope::None),
     ("GET", "/admin/services", "admin reader", Scope::None),
+    ("GET", "/admin/services/{service}", "admin reader", Scope::None),
+    ("PUT", "/admin/services/{service}", "admin", Scope::None),
     ("GET", "/admin/consistency", "admin reader", Scope::None),
     ("GET", "/admin/strategies/usage", "admin reader", Scope::None),
     ("GET", "/admin/waiting-workers", "admin reader", Scope::None),
@@ -214,6 +216,11 @@ impl World {
             ("GET", "/admin/shares") => ("/admin/shares?service=svc-a".into(), nothing),
             ("GET", "/admin/strategies/usage") => {
                 ("/admin/strategies/usage?service=svc-a&key=customer".into(), nothing)
+            }
+            ("GET", "/admin/services/{service}") => ("/admin/services/svc-a".into(), nothing),
+            // A policy that lifts nothing: no claim of the world changes under it.
+            ("PUT", "/admin/services/{service}") => {
+                ("/admin/services/svc-policy".into(), json!({ "max_running": 0 }))
             }
             ("GET", "/admin/tenants/{tenant}") => ("/admin/tenants/default".into(), nothing),
             ("PUT", "/admin/tenants/{tenant}") => {
