@@ -81,6 +81,7 @@ async fn bad_policy_values_are_refused_naming_the_field_and_change_nothing() {
         (json!({"max_running": 2.5}), "max_running"),
         (json!({"rate_per_second": -1}), "rate_per_second"),
         (json!({"rate_per_second": "fast"}), "rate_per_second"),
+        (json!({"rate_per_second": 1e-300}), "rate_per_second"),
         (json!({"burst": 0}), "burst"),
         (json!({"max_running": 5, "burst": 0}), "burst"),
         (json!({"max_runing": 5}), "max_runing"),
@@ -130,7 +131,7 @@ async fn a_cap_holds_exactly_across_two_brokers_and_a_freed_slot_wakes_a_long_po
             (response.status(), started.elapsed())
         }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    second.await_waiting_workers("capped", 1).await;
     first.succeed(&handed_out[0], json!([])).await;
     let (status, waited) = waiting.await.expect("the long poll");
     assert_eq!(status, StatusCode::OK);

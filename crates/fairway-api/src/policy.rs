@@ -10,26 +10,12 @@ use crate::Invalid;
 /// can reach.
 pub const MAX_RATE: f64 = 1_000_000.0;
 
+/// Slowest rate a limit may name (0 aside): one item in about seventeen minutes. A slower one
+/// would make the bucket's interval overflow the microseconds it is counted in.
+pub const MIN_RATE: f64 = 0.001;
+
 /// Largest burst: as many items as the widest claim batch could ever take at once.
 pub const MAX_BURST: i64 = 1_000_000;
-
-/// A service's policy, as stored: 0 means no cap, a rate of 0 no limit.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct ServicePolicy {
-    /// Most items of the service running at once, over every broker; 0: no cap.
-    pub max_running: i32,
-    /// Items handed out per second, over every broker; 0: no limit.
-    pub rate_per_second: f64,
-    /// Items handed out at once after a quiet spell: with the rate, at most `burst + rate × t`
-    /// items in any t seconds.
-    pub burst: i32,
-}
-
-impl Default for ServicePolicy {
-    fn default() -> Self {
-        Self { max_running: 0, rate_per_second: 0.0, burst: 1 }
-    }
-}
 
 /// A change to a service's policy: the fields given, the rest kept as they are.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -66,10 +52,13 @@ impl ServicePolicyChange {
                     change.max_running = Some(integer(value, key, 0, i64::from(i32::MAX))?)
                 }
                 "rate_per_second" => {
-                    let rate =
-                        value.as_f64().filter(|rate| (0.0..=MAX_RATE).contains(rate)).ok_or_else(
-                            || invalid(key, &format!("must be a number from 0 to {MAX_RATE}")),
-                        )?;
+                    let rate = value
+                        .as_f64()
+                        .filter(|rate| *rate == 0.0 || (MIN_RATE..=MAX_RATE).contains(rate))
+                        .ok_or_else(|| {
+                            let range = format!("from {MIN_RATE} to {MAX_RATE}");
+                            invalid(key, &format!("must be 0 (no limit) or a number {range}"))
+                        })?;
                     change.rate_per_second = Some(rate);
                 }
                 "burst" => change.burst = Some(integer(value, key, 1, MAX_BURST)?),
@@ -131,6 +120,7 @@ mod tests {
             (json!({"max_running": "3"}), "max_running"),
             (json!({"rate_per_second": -0.5}), "rate_per_second"),
             (json!({"rate_per_second": "fast"}), "rate_per_second"),
+            (json!({"rate_per_second": 1e-300}), "rate_per_second"),
             (json!({"burst": 0}), "burst"),
             (json!({"burst": 2_000_000}), "burst"),
             (json!({"weight": 2}), "weight"),

@@ -5,12 +5,7 @@ SELECT $1::text AS service,
        coalesce(sp.max_running, 0) AS max_running,
        coalesce(sp.rate_per_second, 0) AS rate_per_second,
        coalesce(sp.burst, 1) AS burst,
-       (SELECT count(*)
-          FROM work_items w
-          JOIN user_work uw
-            ON (uw.job_id, uw.step_index, uw.component) = (w.job_id, w.step_index, w.component)
-         WHERE w.status = 'running'
-           AND uw.service = $1) AS running,
+       service_running($1) AS running,
        sp.service IS NOT NULL
            OR EXISTS (SELECT 1 FROM tenant_queues tq WHERE tq.service = $1) AS known
   FROM (SELECT) AS one

@@ -3,12 +3,12 @@
 -- rate limit's bucket holds. claim_items calls it first and cuts each request's max to it;
 -- charge_services then bills the bucket for the items handed out.
 --
--- The cap counts the service's running items from the items themselves, under the policy's
--- row lock: every claim of a capped or limited service holds that row until it commits, so the
--- claims of all brokers take turns and none sees a count another is about to raise. An ending
--- lowers the count without the lock; one not yet committed is still counted, which errs on the
--- side of the cap. The count reads every running item once (the leases index), a cost only a
--- capped service's claims pay.
+-- The cap counts the service's running items from the items themselves (service_running),
+-- under the policy's row lock: every claim of a capped or limited service holds that row until
+-- it commits, so the claims of all brokers take turns and none sees a count another is about to
+-- raise. An ending lowers the count without the lock; one not yet committed is still counted,
+-- which errs on the side of the cap. The count reads every running item once (the leases
+-- index), a cost only a capped service's claims pay.
 --
 -- The bucket is one time, next_free, by the generic cell rate algorithm: with the emission
 -- interval T = 1 / rate_per_second rounded up to a microsecond, an item is due while next_free
@@ -48,14 +48,7 @@ BEGIN
         v_by_cap := NULL;
         v_by_rate := NULL;
         IF v_policy.max_running > 0 THEN
-            SELECT greatest(v_policy.max_running - count(*), 0)
-              INTO v_by_cap
-              FROM work_items w
-              JOIN user_work uw
-                ON (uw.job_id, uw.step_index, uw.component)
-                   = (w.job_id, w.step_index, w.component)
-             WHERE w.status = 'running'
-               AND uw.service = v_policy.service;
+            v_by_cap := greatest(v_policy.max_running - service_running(v_policy.service), 0);
         END IF;
         IF v_policy.rate_per_second > 0 THEN
             v_interval_us := ceil(1000000 / v_policy.rate_per_second)::bigint;
