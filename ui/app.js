@@ -107,6 +107,61 @@ function when(at) {
   return at ? new Date(at).toLocaleString() : "never";
 }
 
+// A share as a whole percentage: "25 %".
+function percent(share) {
+  return `${Math.round(share * 100)} %`;
+}
+
+// A cap on running items; 0 is none.
+function cap(maxRunning) {
+  return maxRunning > 0 ? maxRunning : "none";
+}
+
+// A rate limit in items per second, with its burst when known; 0 is none.
+function rateLimit(rate, burst) {
+  if (!rate) return "none";
+  return burst ? `${rate}/s, burst ${burst}` : `${rate}/s`;
+}
+
+// Why claims pass something over now, as words in badges (their colour only repeats the
+// words); falsy marks are left out, and none leaves the cell empty.
+function badges(marks) {
+  const fragment = document.createDocumentFragment();
+  marks.filter(Boolean).forEach(({ kind, text, title }, index) => {
+    if (index > 0) fragment.append(" ");
+    const badge = document.createElement("span");
+    badge.className = `badge ${kind}`;
+    badge.title = title;
+    badge.textContent = text;
+    fragment.append(badge);
+  });
+  return fragment;
+}
+
+// At its cap on running items (`over` says what the cap counts).
+function atCap(maxRunning, over = "") {
+  return { kind: "at-cap", text: "at cap",
+           title: `At its cap of ${maxRunning} running items${over}: claims pass it over ` +
+                  "until one of them ends" };
+}
+
+// Out of tokens: its rate limit's bucket is empty until `until`, when known.
+function rateLimited(until) {
+  const due = until ? `until its next item is due, ${when(until)}` : "until its next item is due";
+  return { kind: "throttled", text: "rate-limited",
+           title: `Its rate limit's bucket is empty: claims pass it over ${due}` };
+}
+
+// The answer, or null when the API says there is no such thing (404).
+async function unlessMissing(request) {
+  try {
+    return await request;
+  } catch (error) {
+    if (error.status === 404) return null;
+    throw error;
+  }
+}
+
 // Overview ---------------------------------------------------------------------------------
 
 // Ready work that no worker asked for within this long is marked: the service has no worker,
@@ -168,17 +223,85 @@ async function refreshShares(linked) {
     shareSamples = [];
     shareService = service;
   }
-  const body = await api(`/admin/shares?service=${encodeURIComponent(service)}`);
-  const total = body.users.reduce((sum, user) => sum + user.running, 0);
+  const [body, policy] = await Promise.all([
+    api(`/admin/shares?service=${encodeURIComponent(service)}`),
+    unlessMissing(api(`/admin/services/${encodeURIComponent(service)}`)),
+  ]);
+  const users = body.users;
+  const total = users.reduce((sum, user) => sum + user.running, 0);
   const shares = {};
-  for (const user of body.users) shares[user.user] = total > 0 ? user.running / total : 0;
+  for (const user of users) shares[user.user] = total > 0 ? user.running / total : 0;
+  // Entitled: each active user's weight's fraction of the weights of the active users shown.
+  const active = users.filter((user) => user.running > 0 || user.ready > 0);
+  const weights = active.reduce((sum, user) => sum + user.weight, 0);
+  const entitled = new Map(active.map((user) => [user.user, user.weight / weights]));
+  // A burst, and when a rate-limited user's next item is due, are in its own policy only:
+  // asked for the users with a rate limit.
+  const limited = users.filter((user) => user.rate_per_second > 0);
+  const policies = await Promise.all(
+    limited.map((user) => unlessMissing(api(`/admin/users/${encodeURIComponent(user.user)}`))));
+  const userPolicies = new Map(limited.map((user, index) => [user.user, policies[index]]));
   const now = Date.now();
   shareSamples.push({ at: now, shares });
   shareSamples = shareSamples.filter((sample) => sample.at >= now - SHARE_WINDOW_MS);
-  drawShares(body.users.map((user) => user.user), shares);
+  drawShares(users.map((user) => user.user), shares, entitled);
+  drawServicePolicy(policy);
+  drawShareTable(users, shares, entitled, userPolicies);
 }
 
-function drawShares(activeUsers, sharesNow) {
+// The service's own cap and rate limit, over every user; none shown for a service the API
+// does not know.
+function drawServicePolicy(policy) {
+  $("#service-policy").hidden = !policy;
+  fillTable($("#service-policy"), policy ? [policy] : [], [
+    (p) => p.service, (p) => p.running, (p) => cap(p.max_running),
+    (p) => rateLimit(p.rate_per_second, p.burst),
+    (p) => badges([p.max_running > 0 && p.running >= p.max_running && atCap(p.max_running)]),
+  ]);
+}
+
+// Each user's entitled share beside its actual share, its policy, and what holds it back.
+function drawShareTable(users, shares, entitled, userPolicies) {
+  $("#share-empty").hidden = users.length > 0;
+  fillTable($("#share-table"), users.map((user, index) => ({ index, ...user })), [
+    (u) => swatched(u.user, COLOURS[u.index % COLOURS.length]),
+    (u) => u.weight,
+    (u) => (entitled.has(u.user) ? shareBar(entitled.get(u.user), "entitled") : "–"),
+    (u) => shareBar(shares[u.user] || 0, "actual"),
+    (u) => u.running, (u) => u.ready, (u) => cap(u.max_running),
+    (u) => rateLimit(u.rate_per_second, userPolicies.get(u.user)?.burst),
+    (u) => badges([
+      u.at_cap && atCap(u.max_running, " over every service"),
+      u.throttled && rateLimited(userPolicies.get(u.user)?.throttled_until),
+    ]),
+  ]);
+}
+
+// A name after a square of the colour its series has in the chart.
+function swatched(name, colour) {
+  const fragment = document.createDocumentFragment();
+  const swatch = document.createElement("span");
+  swatch.className = "swatch";
+  swatch.style.background = colour;
+  swatch.setAttribute("aria-hidden", "true");
+  fragment.append(swatch, name);
+  return fragment;
+}
+
+// A share drawn as a bar before its percentage; the bar only repeats the text.
+function shareBar(share, kind) {
+  const fragment = document.createDocumentFragment();
+  const bar = document.createElement("span");
+  bar.className = `share-bar ${kind}`;
+  bar.setAttribute("aria-hidden", "true");
+  const fill = document.createElement("span");
+  fill.style.width = `${(share * 100).toFixed(1)}%`;
+  bar.append(fill);
+  fragment.append(bar, percent(share));
+  return fragment;
+}
+
+function drawShares(activeUsers, sharesNow, entitled) {
   const svg = $("#share-chart");
   const [width, height, pad] = [800, 300, 30];
   const first = shareSamples[0].at;
@@ -221,10 +344,21 @@ function drawShares(activeUsers, sharesNow) {
     line.style.strokeWidth = `${2 + 3 * (activeUsers.length - 1 - index)}px`;
     line.dataset.user = user;
     parts.push(line);
+    // The share the user's weight entitles it to: a dashed line across the chart.
+    if (entitled.has(user)) {
+      const mark = document.createElementNS(ns, "line");
+      const level = y(entitled.get(user));
+      Object.entries({ x1: pad, x2: width - pad, y1: level, y2: level, stroke: colour,
+                       class: "entitled" })
+        .forEach(([k, v]) => mark.setAttribute(k, v));
+      mark.dataset.user = user;
+      parts.push(mark);
+    }
     const item = document.createElement("li");
     item.style.color = colour;
     // Lines at the same share hide each other; the legend gives each user's share now.
-    item.textContent = `${user} ${Math.round((sharesNow[user] || 0) * 100)} %`;
+    const due = entitled.has(user) ? ` (entitled ${percent(entitled.get(user))})` : "";
+    item.textContent = `${user} ${percent(sharesNow[user] || 0)}${due}`;
     legend.push(item);
   });
   svg.replaceChildren(...parts);
@@ -501,6 +635,12 @@ async function refreshTenants() {
     (t) => (t.max_queriers === 0 ? "all" : t.max_queriers),
     (t) => (t.max_outstanding === 0 ? "unlimited" : t.max_outstanding),
     (t) => t.outstanding,
+    (t) => t.weight,
+    (t) => t.running,
+    (t) => cap(t.max_running),
+    (t) => rateLimit(t.rate_per_second, t.burst),
+    (t) => badges([t.at_cap && atCap(t.max_running, " over every service"),
+                   t.throttled_until && rateLimited(t.throttled_until)]),
     (t) => (t.sharded ? t.queriers.map(serving).join(", ") : "every querier"),
   ]);
   fillTable($("#querier-list"), queriers.queriers, [

@@ -68,6 +68,8 @@ const ROUTES: &[(&str, &str, &str, Scope)] = &[
     ("GET", "/admin/strategies/usage", "admin reader", Scope::None),
     ("GET", "/admin/waiting-workers", "admin reader", Scope::None),
     ("GET", "/admin/queriers", "admin reader", Scope::None),
+    ("GET", "/admin/users/{user}", "admin reader", Scope::None),
+    ("PUT", "/admin/users/{user}", "admin", Scope::None),
     ("GET", "/admin/tenants", "admin reader", Scope::None),
     ("GET", "/admin/tenants/{tenant}", "admin reader", Scope::None),
     ("PUT", "/admin/tenants/{tenant}", "admin", Scope::None),
@@ -221,6 +223,11 @@ impl World {
             // A policy that lifts nothing: no claim of the world changes under it.
             ("PUT", "/admin/services/{service}") => {
                 ("/admin/services/svc-policy".into(), json!({ "max_running": 0 }))
+            }
+            ("GET", "/admin/users/{user}") => ("/admin/users/acme-user".into(), nothing),
+            // A weight of 1 for a user with no work: no claim of the world changes under it.
+            ("PUT", "/admin/users/{user}") => {
+                ("/admin/users/policy-user".into(), json!({ "weight": 1 }))
             }
             ("GET", "/admin/tenants/{tenant}") => ("/admin/tenants/default".into(), nothing),
             ("PUT", "/admin/tenants/{tenant}") => {

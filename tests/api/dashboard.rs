@@ -189,7 +189,7 @@ async fn the_tenants_page_shows_the_apis_tenants_and_queriers() {
     assert_eq!(shown.len(), tenants["tenants"].as_array().map_or(0, Vec::len));
     let acme = shown.iter().find(|row| row[0] == "acme").expect("acme is listed");
     assert_eq!(acme[1..4], ["1", "500", "1"], "limits and waiting items: {shown:?}");
-    assert_eq!(acme[4], "every querier", "one querier: the shard is all of them");
+    assert_eq!(acme[9], "every querier", "one querier: the shard is all of them");
     let default = shown.iter().find(|row| row[0] == "default").expect("default is listed");
     assert_eq!(default[1..3], ["all", "unlimited"], "0 means no limit: {shown:?}");
     let queriers = browser.table("#querier-list").await;
@@ -299,6 +299,97 @@ async fn the_fair_share_chart_draws_one_series_per_active_user() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     browser.screenshot("fair-share").await;
+    browser.close().await;
+}
+
+/// Sets a policy with `PUT path` (`/admin/users/ann`, `/admin/tenants/acme`).
+async fn put_policy(app: &TestApp, path: &str, body: Value) {
+    let response = app.request(reqwest::Method::PUT, path).json(&body).send().await.expect("PUT");
+    assert_eq!(response.status(), 200, "PUT {path} {body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(fairway_no_browser, ignore = "needs /usr/bin/chromium and /usr/bin/chromedriver")]
+async fn the_fair_share_page_shows_entitled_and_actual_shares_limits_and_who_is_held_back() {
+    let browser = Browser::start().await;
+    let app = spawn_app().await;
+    // Weights 1 and 3: alice is entitled to a quarter of svc's workers, bob to three quarters;
+    // but alice may run one item at a time.
+    put_policy(&app, "/admin/users/alice", json!({ "weight": 1, "max_running": 1 })).await;
+    put_policy(
+        &app,
+        "/admin/users/bob",
+        json!({ "weight": 3, "rate_per_second": 50, "burst": 20 }),
+    )
+    .await;
+    // carol, alone on another service, gets one item in about seventeen minutes, and her
+    // tenant runs one item at a time.
+    put_policy(&app, "/admin/users/carol", json!({ "rate_per_second": 0.001, "burst": 1 })).await;
+    put_policy(
+        &app,
+        "/admin/tenants/acme",
+        json!({ "weight": 2, "max_running": 1, "rate_per_second": 5, "burst": 2 }),
+    )
+    .await;
+    app.submit_simple("alice", "svc", 12, true).await;
+    app.submit_simple("bob", "svc", 12, true).await;
+    app.submit(json!({ "user": "carol", "tenant": "acme", "is_async": true,
+                       "steps": [{ "service": "other" }], "items": [{}, {}, {}] }))
+        .await;
+    let claimed = app.claim_with("service=svc&querier=pod-0&max=10").await;
+    assert_eq!(claimed.len(), 10, "bob takes what alice's cap leaves");
+    assert_eq!(claimed.iter().filter(|item| item["user"] == "alice").count(), 1, "her cap");
+    assert_eq!(app.claim_with("service=other&querier=pod-1&max=3").await.len(), 1);
+
+    browser.open(&app, "shares/svc").await;
+    // Columns: user, weight, entitled share, actual share, running, ready, max running, rate
+    // limit, state. Entitled: 1 and 3 of 4; actual: 1 and 9 of the 10 running items.
+    let shown = browser.await_table("#share-table", "both users", |rows| rows.len() == 2).await;
+    assert_eq!(
+        shown,
+        [
+            ["bob", "3", "75 %", "90 %", "9", "3", "none", "50/s, burst 20", ""],
+            ["alice", "1", "25 %", "10 %", "1", "11", "1", "none", "at cap"],
+        ],
+        "the users most running first"
+    );
+    let legend = browser.await_text("#share-legend", "entitled").await;
+    assert_eq!(legend, "bob 90 % (entitled 75 %)alice 10 % (entitled 25 %)");
+    // The entitled shares are drawn too: a dashed line across the chart at each.
+    let levels: Vec<(String, f64)> = browser
+        .client
+        .execute(
+            "return [...document.querySelectorAll('#share-chart line.entitled')]
+                 .map(line => [line.dataset.user, Number(line.getAttribute('y1'))]);",
+            vec![],
+        )
+        .await
+        .map(|value| serde_json::from_value(value).expect("users and heights"))
+        .expect("read the chart");
+    let at = |share: f64| 300.0 - 30.0 - share * (300.0 - 60.0);
+    assert_eq!(levels, [("bob".to_owned(), at(0.75)), ("alice".to_owned(), at(0.25))]);
+    let service = browser.table("#service-policy").await;
+    assert_eq!(service, [["svc", "10", "none", "none", ""]], "svc has no policy of its own");
+    browser.screenshot("fair-share-policies").await;
+
+    // carol has had her one item: out of tokens, not at a cap of her own.
+    browser.open(&app, "shares/other").await;
+    let shown = browser.await_table("#share-table", "carol", |rows| rows.len() == 1).await;
+    assert_eq!(
+        shown,
+        [["carol", "1", "100 %", "100 %", "1", "2", "none", "0.001/s, burst 1", "rate-limited"]]
+    );
+
+    // Her tenant is at its cap of one running item.
+    browser.open(&app, "tenants").await;
+    // Columns: tenant, max queriers, max outstanding, outstanding, weight, running, max
+    // running, rate limit, state, served by.
+    let tenants = browser.table("#tenant-list").await;
+    let acme = tenants.iter().find(|row| row[0] == "acme").expect("acme is listed");
+    assert_eq!(acme[4..9], ["2", "1", "1", "5/s, burst 2", "at cap"], "{tenants:?}");
+    let default = tenants.iter().find(|row| row[0] == "default").expect("default is listed");
+    assert_eq!(default[4..9], ["1", "10", "none", "none", ""], "{tenants:?}");
+    browser.screenshot("tenants-policies").await;
     browser.close().await;
 }
 

@@ -1,5 +1,6 @@
-//! Service policies: a cap on a service's running items and a rate limit on how fast its items
-//! go out, set by operators and held exactly by the claims of every broker together.
+//! Policies: a weight for users and tenants, and for users, tenants and services a cap on
+//! running items and a rate limit on how fast items go out, set by operators and held exactly
+//! by the claims of every broker together.
 
 use std::time::{Duration, Instant};
 
@@ -148,20 +149,32 @@ async fn a_cap_holds_exactly_across_two_brokers_and_a_freed_slot_wakes_a_long_po
     first.assert_consistent().await;
 }
 
-/// When each item of `service` went out, by the database's clock, in order.
-async fn claim_times(app: &TestApp, service: &str) -> Vec<DateTime<Utc>> {
-    let rows = app
-        .db
-        .query(
-            "SELECT w.lease_expires_at FROM work_items w
-               JOIN user_work uw USING (job_id, step_index, component)
-              WHERE w.status = 'running' AND uw.service = $1
-              ORDER BY w.lease_expires_at",
-            &[&service],
-        )
-        .await
-        .expect("claim times");
+/// When each running item of a key went out, by the database's clock, in order: every leased
+/// item has the same lease, so lease ends are claim times shifted alike. `key` is a condition on
+/// the item's step (`uw`) naming $1.
+async fn claim_times(app: &TestApp, key: &str, value: &str) -> Vec<DateTime<Utc>> {
+    let query = format!(
+        "SELECT w.lease_expires_at FROM work_items w
+           JOIN user_work uw USING (job_id, step_index, component)
+          WHERE w.status = 'running' AND {key}
+          ORDER BY w.lease_expires_at"
+    );
+    let rows = app.db.query(&query, &[&value]).await.expect("claim times");
     rows.iter().map(|row| row.get(0)).collect()
+}
+
+/// In every window between two claims, no more than `burst + rate × t` items went out.
+fn assert_paced(times: &[DateTime<Utc>], rate: f64, burst: i32) {
+    for (i, start) in times.iter().enumerate() {
+        for (j, end) in times.iter().enumerate().skip(i) {
+            let window = (*end - *start).num_microseconds().expect("short") as f64 / 1e6;
+            let items = (j - i + 1) as f64;
+            assert!(
+                items <= f64::from(burst) + rate * window + 1e-9,
+                "{items} items went out within {window} s"
+            );
+        }
+    }
 }
 
 #[tokio::test]
@@ -189,19 +202,9 @@ async fn a_rate_limit_holds_in_every_window_across_two_brokers() {
     });
     let handed_out: usize = join_all(workers).await.into_iter().sum();
 
-    // Every leased item has the same lease, so lease ends are claim times shifted alike.
-    let times = claim_times(&first, "limited").await;
+    let times = claim_times(&first, "uw.service = $1", "limited").await;
     assert_eq!(times.len(), handed_out);
-    for (i, start) in times.iter().enumerate() {
-        for (j, end) in times.iter().enumerate().skip(i) {
-            let window = (*end - *start).num_microseconds().expect("short") as f64 / 1e6;
-            let items = (j - i + 1) as f64;
-            assert!(
-                items <= f64::from(burst) + rate * window + 1e-9,
-                "{items} items went out within {window} s"
-            );
-        }
-    }
+    assert_paced(&times, rate, burst);
     // The limit paces the items; it does not stop them: the polls asked for 1.5 s (the last
     // may wait a second more), and 1.5 s alone let out 3 + 15.
     assert!(handed_out >= 15, "only {handed_out} items went out in 1.5 s or more");
@@ -221,4 +224,249 @@ async fn a_long_poll_held_back_by_a_rate_gets_its_item_when_it_is_due() {
     let waited = started.elapsed();
     assert_eq!(items.len(), 1);
     assert!(waited < Duration::from_millis(1500), "waited {waited:?} for an item due in 0.5 s");
+}
+
+async fn put_user(app: &TestApp, user: &str, body: Value) -> (StatusCode, Value) {
+    let path = format!("/admin/users/{user}");
+    let response = app.request(Method::PUT, &path).json(&body).send().await.expect("PUT");
+    let status = response.status();
+    (status, response.json().await.expect("JSON"))
+}
+
+async fn user_policy(app: &TestApp, user: &str) -> (StatusCode, Value) {
+    let response = app.get(&format!("/admin/users/{user}")).await;
+    let status = response.status();
+    (status, response.json().await.expect("JSON"))
+}
+
+async fn put_tenant(app: &TestApp, tenant: &str, body: Value) -> Value {
+    let path = format!("/admin/tenants/{tenant}");
+    let response = app.request(Method::PUT, &path).json(&body).send().await.expect("PUT");
+    assert_eq!(response.status(), StatusCode::OK);
+    response.json().await.expect("JSON")
+}
+
+/// The items running now whose step matches `key` (a condition on `uw` naming $1).
+async fn running_where(app: &TestApp, key: &str, value: &str) -> i64 {
+    claim_times(app, key, value).await.len() as i64
+}
+
+async fn submit_for(app: &TestApp, user: &str, tenant: &str, service: &str, items: usize) {
+    let items: Vec<Value> = (0..items).map(|n| json!({ "payload": { "n": n } })).collect();
+    app.submit(json!({ "user": user, "tenant": tenant, "is_async": true,
+                       "steps": [{ "service": service }], "items": items }))
+        .await;
+}
+
+#[tokio::test]
+async fn a_user_policy_is_set_before_work_arrives_and_kept_field_by_field() {
+    let app = spawn_app().await;
+    let (status, body) = user_policy(&app, "ann").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(body["error"]["code"], "user_not_found");
+
+    let (status, body) = put_user(&app, "ann", json!({"weight": 3})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let expected = json!({
+        "user": "ann", "weight": 3, "max_running": 0, "rate_per_second": 0.0, "burst": 1,
+        "running": 0, "at_cap": false, "throttled_until": null
+    });
+    assert_eq!(body, expected);
+    let (_, body) = put_user(&app, "ann", json!({"max_running": 1, "burst": 2})).await;
+    assert_eq!((body["weight"].clone(), body["max_running"].clone()), (json!(3), json!(1)));
+    assert_eq!(body["burst"], 2);
+    assert_eq!(user_policy(&app, "ann").await, (StatusCode::OK, body));
+
+    // The policy holds for the work that arrives after it: one item runs, and the user is
+    // at its cap.
+    app.submit_simple("ann", "svc", 3, true).await;
+    assert!(app.claim("svc").await.is_some());
+    assert!(app.claim("svc").await.is_none(), "ann is at her cap of 1");
+    let (_, body) = user_policy(&app, "ann").await;
+    assert_eq!((body["running"].clone(), body["at_cap"].clone()), (json!(1), json!(true)));
+
+    let before = app.fingerprint().await;
+    let refusals = [
+        (json!({"weight": 0}), "weight"),
+        (json!({"weight": 1001}), "weight"),
+        (json!({"weight": 1.5}), "weight"),
+        (json!({"max_running": -1}), "max_running"),
+        (json!({"rate_per_second": -2}), "rate_per_second"),
+        (json!({"burst": 0}), "burst"),
+        (json!({"weight": 2, "colour": "red"}), "colour"),
+    ];
+    for (body, field) in refusals {
+        let (status, answer) = put_user(&app, "ann", body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        assert_eq!(answer["error"]["code"], "invalid_policy", "{answer}");
+        let message = answer["error"]["message"].as_str().expect("message");
+        assert!(message.starts_with(&format!("{field}: ")), "{body}: {message}");
+    }
+    assert_eq!(app.fingerprint().await, before, "a refused change changed nothing");
+    let (status, _) = put_user(&app, "bob", json!({"weight": 0})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(user_policy(&app, "bob").await.0, StatusCode::NOT_FOUND, "no user was made");
+}
+
+#[tokio::test]
+async fn backlogged_users_hold_running_items_in_proportion_to_their_weights() {
+    let (single, batched) = (spawn_app().await, spawn_app().await);
+    for app in [&single, &batched] {
+        for (user, weight) in [("ann", 1), ("bob", 2), ("cid", 4)] {
+            put_user(app, user, json!({ "weight": weight })).await;
+            app.submit_simple(user, "svc", 20, true).await;
+        }
+    }
+    // Fourteen workers, each taking one item: one at a time, and all in one batch.
+    let mut one_at_a_time = Vec::new();
+    for worker in 0..14 {
+        let item = single.claim_with(&format!("service=svc&querier=pod-{worker}&worker=0")).await;
+        one_at_a_time.push(item[0]["user"].as_str().expect("user").to_owned());
+    }
+    let batch: Vec<String> = batched
+        .claim_with("service=svc&querier=pod-0&worker=0&max=14")
+        .await
+        .iter()
+        .map(|item| item["user"].as_str().expect("user").to_owned())
+        .collect();
+    assert_eq!(batch, one_at_a_time, "a batch hands out what single claims would");
+    let held = |user: &str| one_at_a_time.iter().filter(|held| *held == user).count();
+    assert_eq!((held("ann"), held("bob"), held("cid")), (2, 4, 8));
+    // Level by level: at each share, the users that started there, then those raised to it.
+    let expected = ["ann", "bob", "cid", "cid", "bob", "cid", "cid"];
+    assert_eq!(one_at_a_time[..7], expected);
+    let app = single;
+    // A weight change takes effect at the next claim: ann at 2 of weight 8 goes before cid at
+    // 8 of weight 4.
+    put_user(&app, "ann", json!({ "weight": 8 })).await;
+    let next = app.claim("svc").await.expect("an item");
+    assert_eq!(next["user"], "ann");
+    app.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn a_user_cap_holds_across_two_brokers_and_every_strategy_and_others_are_served() {
+    let first = spawn_app().await;
+    let second = spawn_broker(ServeArgs::for_tests(), first.config.clone()).await;
+    // ann's work is the oldest, so that a strategy reading by age meets it first.
+    first.submit_simple("ann", "svc", 10, true).await;
+    for user in ["bob", "cid"] {
+        first.submit_simple(user, "svc", 10, true).await;
+    }
+    put_user(&first, "ann", json!({"max_running": 2})).await;
+
+    let brokers = [&first, &second];
+    let mut handed_out = Vec::new();
+    for round in 0..2 {
+        let claims = (0..8).map(|worker| {
+            let app = brokers[worker % 2];
+            let strategy = if worker % 4 == 3 { "&strategy=%22oldest%22" } else { "" };
+            let query =
+                format!("service=svc&querier=pod-{round}-{worker}&worker=0&max=2{strategy}");
+            async move { app.claim_with(&query).await }
+        });
+        handed_out.extend(join_all(claims).await.into_iter().flatten());
+        assert!(running_where(&first, "uw.username = $1", "ann").await <= 2, "cap exceeded");
+    }
+    let ann = handed_out.iter().filter(|item| item["user"] == "ann").count();
+    assert_eq!(ann, 2, "ann got exactly her cap");
+    assert_eq!(handed_out.len(), 22, "the other users took the rest of the claims");
+
+    // A freed slot goes back to ann at once: she is furthest behind.
+    let mine = handed_out.iter().find(|item| item["user"] == "ann").expect("ann's item");
+    second.succeed(mine, json!([])).await;
+    assert_eq!(first.claim("svc").await.expect("an item")["user"], "ann");
+    assert_eq!(user_policy(&second, "ann").await.1["running"], 2);
+    first.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn a_long_poll_held_back_by_a_users_cap_wakes_when_its_slot_frees() {
+    let app = spawn_app().await;
+    app.submit_simple("ann", "svc", 5, true).await;
+    put_user(&app, "ann", json!({"max_running": 1})).await;
+    let first = app.claim("svc").await.expect("the first item");
+    let waiting = tokio::spawn({
+        let address = app.address.clone();
+        async move {
+            let started = Instant::now();
+            let query = "service=svc&querier=pod-w&worker=0&wait=10";
+            let response = reqwest::get(format!("{address}/work?{query}")).await.expect("GET");
+            (response.status(), started.elapsed())
+        }
+    });
+    app.await_waiting_workers("svc", 1).await;
+    app.succeed(&first, json!([])).await;
+    let (status, waited) = waiting.await.expect("the long poll");
+    assert_eq!(status, StatusCode::OK);
+    assert!(waited < Duration::from_secs(3), "woke {waited:?} after it asked");
+    let metrics = app.get("/metrics").await.text().await.expect("metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line.starts_with("fairway_claims_passed_over_total{reason=\"cap\"}")),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_tenant_cap_holds_across_two_brokers_and_other_tenants_are_served() {
+    let first = spawn_app().await;
+    let second = spawn_broker(ServeArgs::for_tests(), first.config.clone()).await;
+    for (user, tenant) in [("ann", "acme"), ("amy", "acme"), ("bob", "beta")] {
+        submit_for(&first, user, tenant, "svc", 10).await;
+    }
+    let tenant = put_tenant(&first, "acme", json!({"max_running": 3, "weight": 2})).await;
+    assert_eq!((tenant["max_running"].clone(), tenant["weight"].clone()), (json!(3), json!(2)));
+    assert_eq!(tenant["max_queriers"], 0, "fields left out keep their value");
+
+    let brokers = [&first, &second];
+    let claims = (0..8).map(|worker| {
+        let app = brokers[worker % 2];
+        let query = format!("service=svc&querier=pod-{worker}&worker=0&max=2");
+        async move { app.claim_with(&query).await }
+    });
+    let handed_out: Vec<Value> = join_all(claims).await.into_iter().flatten().collect();
+    let acme = handed_out.iter().filter(|item| item["tenant"] == "acme").count();
+    assert_eq!(acme, 3, "acme got exactly its cap");
+    assert_eq!(handed_out.len(), 13, "beta took the rest of what it had");
+    assert_eq!(running_where(&first, "uw.tenant = $1", "acme").await, 3);
+    let read = second.get("/admin/tenants/acme").await.json::<Value>().await.expect("JSON");
+    assert_eq!((read["running"].clone(), read["at_cap"].clone()), (json!(3), json!(true)));
+    first.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn user_and_tenant_rate_limits_hold_in_every_window_while_others_are_served() {
+    let first = spawn_app().await;
+    let second = spawn_broker(ServeArgs::for_tests(), first.config.clone()).await;
+    submit_for(&first, "ann", "free", "svc", 60).await;
+    submit_for(&first, "tom", "slow", "svc", 60).await;
+    submit_for(&first, "bob", "free", "svc", 200).await;
+    put_user(&first, "ann", json!({"rate_per_second": 10.0, "burst": 3})).await;
+    put_tenant(&first, "slow", json!({"rate_per_second": 5.0, "burst": 2})).await;
+
+    let brokers = [&first, &second];
+    let until = Instant::now() + Duration::from_millis(1500);
+    let workers = (0..6).map(|worker| {
+        let app = brokers[worker % 2];
+        async move {
+            let query = format!("service=svc&querier=pod-{worker}&worker=0&max=4&wait=1");
+            let mut got = Vec::new();
+            while Instant::now() < until {
+                got.extend(app.claim_with(&query).await);
+            }
+            got
+        }
+    });
+    let handed_out: Vec<Value> = join_all(workers).await.into_iter().flatten().collect();
+    let ann = claim_times(&first, "uw.username = $1", "ann").await;
+    assert_paced(&ann, 10.0, 3);
+    let slow = claim_times(&first, "uw.tenant = $1", "slow").await;
+    assert_paced(&slow, 5.0, 2);
+    assert!(ann.len() >= 15, "ann's limit paces her items, it does not stop them: {}", ann.len());
+    assert!(slow.len() >= 7, "slow's limit paces its items: {}", slow.len());
+    let bob = handed_out.iter().filter(|item| item["user"] == "bob").count();
+    assert!(bob > ann.len() + slow.len(), "bob was served meanwhile: {bob}");
+    first.assert_consistent().await;
 }

@@ -408,17 +408,20 @@ async fn bad_tenant_and_querier_requests_are_refused() {
     let cases = [
         (
             put("acme".into(), json!({ "max_queriers": -1, "max_outstanding": 0 })).await,
-            "invalid_body",
+            "invalid_policy",
         ),
-        (put("acme".into(), json!({ "max_queriers": 1 })).await, "invalid_body"),
+        (put("acme".into(), json!({ "weight": 0 })).await, "invalid_policy"),
+        (put("acme".into(), json!({ "weight": 1001 })).await, "invalid_policy"),
+        (put("acme".into(), json!({ "burst": 0 })).await, "invalid_policy"),
+        (put("acme".into(), json!({ "max_running": -2 })).await, "invalid_policy"),
         (
             put("acme".into(), json!({ "max_queriers": 1, "max_outstanding": 0, "x": 1 })).await,
-            "invalid_body",
+            "invalid_policy",
         ),
         (
             put("acme".into(), json!({ "max_queriers": 3_000_000_000_u64, "max_outstanding": 0 }))
                 .await,
-            "invalid_body",
+            "invalid_policy",
         ),
         (
             put(long.clone(), json!({ "max_queriers": 1, "max_outstanding": 0 })).await,

@@ -11,7 +11,15 @@ import httpx
 import pytest
 
 from conftest import Broker, TlsBroker, free_port, unique, wait_until
-from fairway_client import AsyncClient, Client, FairwayError, RetryPolicy, ServicePolicy
+from fairway_client import (
+    AsyncClient,
+    Client,
+    FairwayError,
+    RetryPolicy,
+    ServicePolicy,
+    TenantPolicy,
+    UserPolicy,
+)
 
 
 def work_all(client: Client, service: str, results: Any = None) -> int:
@@ -484,5 +492,129 @@ def test_async_service_policy(broker: Broker) -> None:
                 await client.set_service_policy(service, max_running=-1)
             assert (refused.value.status, refused.value.code) == (400, "invalid_policy")
             assert refused.value.message.startswith("max_running:")
+
+    asyncio.run(scenario())
+
+
+def test_user_policy_set_before_work_read_back_and_changed_a_field_at_a_time(
+    broker: Broker,
+) -> None:
+    user = unique("weighted")
+    with Client(broker.url) as client:
+        # The user has no work and no policy yet.
+        with pytest.raises(FairwayError) as missing:
+            client.user_policy(user)
+        assert (missing.value.status, missing.value.code) == (404, "user_not_found")
+
+        expected: UserPolicy = {
+            "user": user,
+            "weight": 3,
+            "max_running": 2,
+            "rate_per_second": 0.0,
+            "burst": 1,
+            "running": 0,
+            "at_cap": False,
+            "throttled_until": None,
+        }
+        assert client.set_user_policy(user, weight=3, max_running=2) == expected
+        assert client.user_policy(user) == expected
+
+        changed = client.set_user_policy(user, rate_per_second=0.5, burst=4)
+        assert changed == {**expected, "rate_per_second": 0.5, "burst": 4}
+        assert client.user_policy(user) == changed
+
+        with pytest.raises(FairwayError) as refused:
+            client.set_user_policy(user, weight=0, max_running=7)
+        assert (refused.value.status, refused.value.code) == (400, "invalid_policy")
+        assert refused.value.message.startswith("weight")
+        # Refused as a whole: the valid max_running beside it is not applied either.
+        assert client.user_policy(user) == changed
+
+
+def test_a_user_capped_at_one_running_item_gets_its_next_once_the_first_ends(
+    broker: Broker,
+) -> None:
+    user, service = unique("capped-user"), unique("user-cap")
+    with Client(broker.url) as client:
+        client.set_user_policy(user, max_running=1)
+        client.submit(user, [service], ["G1", "G2", "G3"])
+
+        (first,) = client.claim(service, "q", max=3)
+        policy = client.user_policy(user)
+        assert (policy["running"], policy["at_cap"]) == (1, True)
+        assert client.claim(service, "q", max=3) == []
+
+        client.succeed(first["id"], first["attempt"], [first["payload"]])
+        (second,) = client.claim(service, "q", max=3)
+        assert second["payload"] != first["payload"]
+        assert client.claim(service, "q", max=3) == []
+
+
+def test_tenant_policy_keeps_fields_left_out_and_returns_the_new_ones(broker: Broker) -> None:
+    tenant = unique("acme")
+    with Client(broker.url) as client:
+        with pytest.raises(FairwayError) as missing:
+            client.tenant_policy(tenant)
+        assert (missing.value.status, missing.value.code) == (404, "tenant_not_found")
+
+        created = client.set_tenant_policy(tenant, max_queriers=0, max_outstanding=100)
+        assert (created["tenant"], created["max_queriers"], created["max_outstanding"]) == (
+            tenant,
+            0,
+            100,
+        )
+        # A tenant with no policy set: weight 1, no cap, no rate limit.
+        assert (created["weight"], created["max_running"], created["rate_per_second"]) == (
+            1,
+            0,
+            0.0,
+        )
+
+        changed = client.set_tenant_policy(
+            tenant, weight=2, max_running=5, rate_per_second=1.5, burst=3
+        )
+        # The new fields as given, and everything else as it was (but the time of the change).
+        expected: TenantPolicy = {
+            **created,
+            "weight": 2,
+            "max_running": 5,
+            "rate_per_second": 1.5,
+            "burst": 3,
+            "updated_at": changed["updated_at"],
+        }
+        assert changed == expected
+        assert client.tenant_policy(tenant) == changed
+
+        limited = client.set_tenant_policy(tenant, max_outstanding=50)
+        assert limited == {**changed, "max_outstanding": 50, "updated_at": limited["updated_at"]}
+
+        with pytest.raises(FairwayError) as refused:
+            client.set_tenant_policy(tenant, burst=0)
+        assert (refused.value.status, refused.value.code) == (400, "invalid_policy")
+        assert refused.value.message.startswith("burst")
+        assert client.tenant_policy(tenant) == limited
+
+
+def test_async_user_and_tenant_policy(broker: Broker) -> None:
+    user, tenant = unique("async-weighted"), unique("async-acme")
+
+    async def scenario() -> None:
+        async with AsyncClient(broker.url) as client:
+            with pytest.raises(FairwayError) as missing:
+                await client.user_policy(user)
+            assert (missing.value.status, missing.value.code) == (404, "user_not_found")
+            policy = await client.set_user_policy(user, weight=5)
+            assert (policy["user"], policy["weight"], policy["max_running"]) == (user, 5, 0)
+            assert await client.user_policy(user) == policy
+            with pytest.raises(FairwayError) as refused:
+                await client.set_user_policy(user, weight=1001)
+            assert (refused.value.status, refused.value.code) == (400, "invalid_policy")
+            assert refused.value.message.startswith("weight")
+
+            created = await client.set_tenant_policy(tenant, max_running=4)
+            assert (created["tenant"], created["max_running"], created["weight"]) == (tenant, 4, 1)
+            changed = await client.set_tenant_policy(tenant, weight=7)
+            assert (changed["weight"], changed["max_running"]) == (7, 4)
+            assert await client.tenant_policy(tenant) == changed
 
     asyncio.run(scenario())

@@ -584,6 +584,16 @@ pub struct UserShare {
     pub running: i64,
     /// Items of the service the user has waiting, claimable.
     pub ready: i64,
+    /// The user's weight: its entitled share is its weight's fraction of the active users'.
+    pub weight: i32,
+    /// The user's cap on running items over every service; 0: none.
+    pub max_running: i32,
+    /// The user's rate limit, items per second; 0: none.
+    pub rate_per_second: f64,
+    /// Whether the user is at its cap, so that claims pass it over.
+    pub at_cap: bool,
+    /// Whether the user's rate limit's bucket is empty, so that claims pass it over.
+    pub throttled: bool,
 }
 
 /// One metadata value's items of a service, for operators watching caps.

@@ -1,8 +1,10 @@
-//! Policies operators set on a service: a cap on its running items and a rate limit on how
-//! fast its items are handed out, both enforced by every broker's claims together.
+//! Policies operators set on a user, a tenant or a service: a weight (users and tenants), a
+//! cap on running items and a rate limit on how fast items are handed out, all enforced by
+//! every broker's claims together.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::Invalid;
 
@@ -17,12 +19,36 @@ pub const MIN_RATE: f64 = 0.001;
 /// Largest burst: as many items as the widest claim batch could ever take at once.
 pub const MAX_BURST: i64 = 1_000_000;
 
-/// A change to a service's policy: the fields given, the rest kept as they are.
+/// Largest weight: with it, the fair order's integer shares compare exactly (docs/design.md).
+pub const MAX_WEIGHT: i64 = 1000;
+
+/// A change to a policy: the fields given, the rest kept as they are. A service has no weight.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct ServicePolicyChange {
+pub struct PolicyChange {
+    pub weight: Option<i32>,
     pub max_running: Option<i32>,
     pub rate_per_second: Option<f64>,
     pub burst: Option<i32>,
+}
+
+/// What a policy is set on: it decides which fields a body may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyOf {
+    User,
+    Tenant,
+    Service,
+}
+
+impl PolicyOf {
+    fn fields(self) -> &'static str {
+        match self {
+            PolicyOf::User => "weight, max_running, rate_per_second and burst",
+            PolicyOf::Tenant => {
+                "max_queriers, max_outstanding, weight, max_running, rate_per_second and burst"
+            }
+            PolicyOf::Service => "max_running, rate_per_second and burst",
+        }
+    }
 }
 
 fn invalid(field: &str, why: &str) -> Invalid {
@@ -30,7 +56,7 @@ fn invalid(field: &str, why: &str) -> Invalid {
 }
 
 /// An integer field within `min..=max`.
-fn integer(value: &Value, field: &str, min: i64, max: i64) -> Result<i32, Invalid> {
+pub(crate) fn integer(value: &Value, field: &str, min: i64, max: i64) -> Result<i32, Invalid> {
     value
         .as_i64()
         .filter(|number| (min..=max).contains(number))
@@ -38,40 +64,53 @@ fn integer(value: &Value, field: &str, min: i64, max: i64) -> Result<i32, Invali
         .ok_or_else(|| invalid(field, &format!("must be an integer from {min} to {max}")))
 }
 
-impl ServicePolicyChange {
-    /// Reads the body of `PUT /admin/services/{service}`; every error names the field at
-    /// fault, and an unknown field is an error, so that a typo never passes for a policy.
-    pub fn parse(value: &Value) -> Result<Self, Invalid> {
-        let object = value.as_object().ok_or_else(|| {
-            invalid("body", "must be an object with max_running, rate_per_second or burst")
-        })?;
+/// The body's fields, or an error saying which fields `of` takes.
+pub(crate) fn object(value: &Value, of: PolicyOf) -> Result<&Map<String, Value>, Invalid> {
+    value
+        .as_object()
+        .ok_or_else(|| invalid("body", &format!("must be an object with any of {}", of.fields())))
+}
+
+/// The error for a field `of` does not take.
+pub(crate) fn unknown(field: &str, of: PolicyOf) -> Invalid {
+    invalid(field, &format!("unknown field; this policy has {}", of.fields()))
+}
+
+impl PolicyChange {
+    /// Reads the body of `PUT /admin/users/{user}` or `PUT /admin/services/{service}`; every
+    /// error names the field at fault, and an unknown field is an error, so that a typo never
+    /// passes for a policy.
+    pub fn parse(value: &Value, of: PolicyOf) -> Result<Self, Invalid> {
         let mut change = Self::default();
-        for (key, value) in object {
-            match key.as_str() {
-                "max_running" => {
-                    change.max_running = Some(integer(value, key, 0, i64::from(i32::MAX))?)
-                }
-                "rate_per_second" => {
-                    let rate = value
-                        .as_f64()
-                        .filter(|rate| *rate == 0.0 || (MIN_RATE..=MAX_RATE).contains(rate))
-                        .ok_or_else(|| {
-                            let range = format!("from {MIN_RATE} to {MAX_RATE}");
-                            invalid(key, &format!("must be 0 (no limit) or a number {range}"))
-                        })?;
-                    change.rate_per_second = Some(rate);
-                }
-                "burst" => change.burst = Some(integer(value, key, 1, MAX_BURST)?),
-                other => {
-                    return Err(invalid(
-                        other,
-                        "unknown field; a service's policy has max_running, rate_per_second \
-                         and burst",
-                    ))
-                }
+        for (key, value) in object(value, of)? {
+            if !change.read(key, value, of)? {
+                return Err(unknown(key, of));
             }
         }
         Ok(change)
+    }
+
+    /// Reads one field into the change; false when the field is not a policy field of `of`.
+    pub(crate) fn read(&mut self, key: &str, value: &Value, of: PolicyOf) -> Result<bool, Invalid> {
+        match key {
+            "weight" if of != PolicyOf::Service => {
+                self.weight = Some(integer(value, key, 1, MAX_WEIGHT)?);
+            }
+            "max_running" => self.max_running = Some(integer(value, key, 0, i64::from(i32::MAX))?),
+            "rate_per_second" => {
+                let rate = value
+                    .as_f64()
+                    .filter(|rate| *rate == 0.0 || (MIN_RATE..=MAX_RATE).contains(rate))
+                    .ok_or_else(|| {
+                        let range = format!("from {MIN_RATE} to {MAX_RATE}");
+                        invalid(key, &format!("must be 0 (no limit) or a number {range}"))
+                    })?;
+                self.rate_per_second = Some(rate);
+            }
+            "burst" => self.burst = Some(integer(value, key, 1, MAX_BURST)?),
+            _ => return Ok(false),
+        }
+        Ok(true)
     }
 }
 
@@ -90,6 +129,27 @@ pub struct ServicePolicyDocument {
     pub running: i64,
 }
 
+/// A user's policy and what it holds now, as `GET /admin/users/{user}` answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct UserPolicyDocument {
+    pub user: String,
+    /// The user's share of the workers against other backlogged users': 1 to 1000.
+    pub weight: i32,
+    /// Most items of the user running at once over every broker and service; 0: no cap.
+    pub max_running: i32,
+    /// Items handed out per second over every broker; 0: no limit.
+    pub rate_per_second: f64,
+    /// Items handed out at once after a quiet spell.
+    pub burst: i32,
+    /// The user's items running now, over every service.
+    pub running: i64,
+    /// Whether the user is at its cap: claims pass it over until an item of it ends.
+    pub at_cap: bool,
+    /// When the user's next item is due, while its rate limit's bucket is empty.
+    pub throttled_until: Option<DateTime<Utc>>,
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -98,13 +158,15 @@ mod tests {
 
     #[test]
     fn fields_left_out_stay_unset() {
-        let change = ServicePolicyChange::parse(&json!({"max_running": 3})).expect("valid");
-        assert_eq!(change, ServicePolicyChange { max_running: Some(3), ..Default::default() });
+        let change =
+            PolicyChange::parse(&json!({"max_running": 3}), PolicyOf::Service).expect("valid");
+        assert_eq!(change, PolicyChange { max_running: Some(3), ..Default::default() });
         let all = json!({"max_running": 0, "rate_per_second": 2.5, "burst": 4});
-        let change = ServicePolicyChange::parse(&all).expect("valid");
+        let change = PolicyChange::parse(&all, PolicyOf::Service).expect("valid");
         assert_eq!(
             change,
-            ServicePolicyChange {
+            PolicyChange {
+                weight: None,
                 max_running: Some(0),
                 rate_per_second: Some(2.5),
                 burst: Some(4)
@@ -127,9 +189,22 @@ mod tests {
             (json!([1]), "body"),
         ];
         for (body, field) in refusals {
-            let refused = ServicePolicyChange::parse(&body).expect_err("refused");
+            let refused = PolicyChange::parse(&body, PolicyOf::Service).expect_err("refused");
             assert_eq!(refused.code, "invalid_policy");
             assert!(refused.message.starts_with(&format!("{field}: ")), "{}", refused.message);
         }
+    }
+
+    #[test]
+    fn weights_are_whole_numbers_from_one_to_a_thousand() {
+        let change = PolicyChange::parse(&json!({"weight": 1000}), PolicyOf::User).expect("valid");
+        assert_eq!(change.weight, Some(1000));
+        for weight in [json!(0), json!(1001), json!(1.5), json!("2"), json!(-3)] {
+            let refused = PolicyChange::parse(&json!({ "weight": weight }), PolicyOf::User)
+                .expect_err("refused");
+            assert!(refused.message.starts_with("weight: "), "{}", refused.message);
+        }
+        let refused = PolicyChange::parse(&json!({"wieght": 2}), PolicyOf::User).expect_err("typo");
+        assert!(refused.message.starts_with("wieght: unknown field"), "{}", refused.message);
     }
 }

@@ -2,14 +2,37 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-/// A tenant's limits as an operator sets them.
-#[derive(Debug, Clone, Copy)]
-pub struct TenantLimits {
+use crate::policy::{self, PolicyChange, PolicyOf};
+use crate::Invalid;
+
+/// A change to a tenant's limits and policy, as `PUT /admin/tenants/{tenant}` reads it: the
+/// fields given, the rest kept as they are.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TenantChange {
     /// Queriers serving the tenant; 0 means all.
-    pub max_queriers: i32,
+    pub max_queriers: Option<i32>,
     /// Ready items the tenant may have waiting; 0 means no limit.
-    pub max_outstanding: i32,
+    pub max_outstanding: Option<i32>,
+    pub policy: PolicyChange,
+}
+
+impl TenantChange {
+    /// Reads the body; every error names the field at fault, and an unknown field is an error.
+    pub fn parse(value: &Value) -> Result<Self, Invalid> {
+        let mut change = Self::default();
+        for (key, value) in policy::object(value, PolicyOf::Tenant)? {
+            let limit = || policy::integer(value, key, 0, i64::from(i32::MAX));
+            match key.as_str() {
+                "max_queriers" => change.max_queriers = Some(limit()?),
+                "max_outstanding" => change.max_outstanding = Some(limit()?),
+                _ if change.policy.read(key, value, PolicyOf::Tenant)? => {}
+                _ => return Err(policy::unknown(key, PolicyOf::Tenant)),
+            }
+        }
+        Ok(change)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -18,6 +41,20 @@ pub struct TenantDocument {
     pub tenant: String,
     pub max_queriers: i32,
     pub max_outstanding: i32,
+    /// The tenant's share of the workers against other tenants', per component: 1 to 1000.
+    pub weight: i32,
+    /// Most items of the tenant running at once over every broker and service; 0: no cap.
+    pub max_running: i32,
+    /// Items handed out per second over every broker; 0: no limit.
+    pub rate_per_second: f64,
+    /// Items handed out at once after a quiet spell.
+    pub burst: i32,
+    /// The tenant's items running now, over every service.
+    pub running: i64,
+    /// Whether the tenant is at its cap: claims pass it over until an item of it ends.
+    pub at_cap: bool,
+    /// When the tenant's next item is due, while its rate limit's bucket is empty.
+    pub throttled_until: Option<DateTime<Utc>>,
     /// Whether only `queriers` serve it (false: every querier does).
     pub sharded: bool,
     /// Ready items waiting.

@@ -206,6 +206,11 @@ impl FromRow for UserShare {
             user: row.try_get("username")?,
             running: row.try_get("running")?,
             ready: row.try_get("ready")?,
+            weight: row.try_get("weight")?,
+            max_running: row.try_get("max_running")?,
+            rate_per_second: row.try_get("rate_per_second")?,
+            at_cap: row.try_get("at_cap")?,
+            throttled: row.try_get("throttled")?,
         })
     }
 }
@@ -251,6 +256,13 @@ impl FromRow for TenantDocument {
             tenant: row.try_get("tenant")?,
             max_queriers: row.try_get("max_queriers")?,
             max_outstanding: row.try_get("max_outstanding")?,
+            weight: row.try_get("weight")?,
+            max_running: row.try_get("max_running")?,
+            rate_per_second: row.try_get("rate_per_second")?,
+            burst: row.try_get("burst")?,
+            running: row.try_get("running")?,
+            at_cap: row.try_get("at_cap")?,
+            throttled_until: row.try_get("throttled_until")?,
             sharded: row.try_get("sharded")?,
             outstanding: row.try_get("outstanding")?,
             queriers: row.try_get("queriers")?,

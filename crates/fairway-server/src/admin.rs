@@ -16,10 +16,10 @@ use fairway_api::model::{
     Mismatch, ServiceName, StrategyUsage, TenantName, UserShare, UserWorkCursor, UserWorkRow,
 };
 use fairway_api::pages::PageLimit;
-use fairway_api::policy::{ServicePolicyChange, ServicePolicyDocument};
+use fairway_api::policy::{PolicyChange, PolicyOf, ServicePolicyDocument, UserPolicyDocument};
 use fairway_api::strategy::valid_key;
 use fairway_api::summary::ServiceSummary;
-use fairway_api::tenancy::{QuerierDocument, TenantDocument, TenantLimits};
+use fairway_api::tenancy::{QuerierDocument, TenantChange, TenantDocument};
 use fairway_broker::{Broker, BulkAction, JobFilter};
 
 const DEFAULT_SHARES: i64 = 10;
@@ -34,6 +34,11 @@ pub fn routes(config: &mut web::ServiceConfig) {
             endpoint("/admin/services/{service}")
                 .route(web::get().to(service_policy))
                 .route(web::put().to(set_service_policy)),
+        )
+        .service(
+            endpoint("/admin/users/{user}")
+                .route(web::get().to(user_policy))
+                .route(web::put().to(set_user_policy)),
         )
         .service(endpoint("/admin/consistency").route(web::get().to(consistency)))
         .service(endpoint("/admin/strategies/usage").route(web::get().to(strategy_usage)))
@@ -161,8 +166,8 @@ async fn service_policy(
 }
 
 /// A change to a service's policy: the fields given; those left out keep their value.
-// Only the OpenAPI document reads it: the body is parsed by ServicePolicyChange::parse, which
-// names the field at fault in its own words.
+// Only the OpenAPI document reads it: the body is parsed by PolicyChange::parse, which names
+// the field at fault in its own words.
 #[allow(dead_code)]
 #[derive(ToSchema)]
 pub struct ServicePolicyBody {
@@ -190,8 +195,59 @@ async fn set_service_policy(
     body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {
     let service = ServiceName::parse(&path.into_inner())?;
-    let change = ServicePolicyChange::parse(&body)?;
+    let change = PolicyChange::parse(&body, PolicyOf::Service)?;
     Ok(HttpResponse::Ok().json(broker.policies().set_service(&service, change).await?))
+}
+
+/// A user's policy and its items running now, over every service.
+#[utoipa::path(get, path = "/admin/users/{user}", tag = "admin",
+    params(("user" = String, Path, description = "The user")),
+    responses(
+        (status = 200, description = "The user's policy.", body = UserPolicyDocument),
+        (status = 404, description = "The user has no work and no policy.", body = ErrorBody),
+    ))]
+async fn user_policy(
+    broker: web::Data<Broker>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let user = UserName::parse(&path.into_inner())?;
+    Ok(HttpResponse::Ok().json(broker.policies().user(&user).await?))
+}
+
+/// A change to a user's policy: the fields given; those left out keep their value.
+// Only the OpenAPI document reads it: the body is parsed by PolicyChange::parse.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+pub struct UserPolicyBody {
+    /// The user's share of the workers against other backlogged users'; default 1.
+    #[schema(minimum = 1, maximum = 1000)]
+    weight: Option<i32>,
+    /// Most items of the user running at once, over every broker and service; 0: no cap.
+    #[schema(minimum = 0, maximum = 2147483647)]
+    max_running: Option<i32>,
+    /// Items handed out per second, over every broker; 0: no limit.
+    #[schema(minimum = 0, maximum = 1000000)]
+    rate_per_second: Option<f64>,
+    /// Items handed out at once after a quiet spell: at most `burst + rate_per_second × t` in
+    /// any t seconds.
+    #[schema(minimum = 1, maximum = 1000000)]
+    burst: Option<i32>,
+}
+
+/// Set a user's weight, cap on running items and rate limit, for a user not yet seen too;
+/// every broker's claims obey it from their next batch.
+#[utoipa::path(put, path = "/admin/users/{user}", tag = "admin",
+    request_body = UserPolicyBody,
+    params(("user" = String, Path, description = "The user")),
+    responses((status = 200, description = "The user's policy as it is now.", body = UserPolicyDocument)))]
+async fn set_user_policy(
+    broker: web::Data<Broker>,
+    path: web::Path<String>,
+    body: web::Json<Value>,
+) -> Result<HttpResponse, ApiError> {
+    let user = UserName::parse(&path.into_inner())?;
+    let change = PolicyChange::parse(&body, PolicyOf::User)?;
+    Ok(HttpResponse::Ok().json(broker.policies().set_user(&user, change).await?))
 }
 
 /// Every querier.
@@ -235,38 +291,43 @@ async fn tenant(
     Ok(HttpResponse::Ok().json(broker.tenancy().tenant(&tenant).await?))
 }
 
-/// A tenant's limits.
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+/// A change to a tenant's limits and policy: the fields given; those left out keep their value.
+// Only the OpenAPI document reads it: the body is parsed by TenantChange::parse.
+#[allow(dead_code)]
+#[derive(ToSchema)]
 pub struct TenantBody {
     /// Queriers that serve the tenant; 0: all of them.
     #[schema(minimum = 0, maximum = 2147483647)]
-    max_queriers: u32,
+    max_queriers: Option<i32>,
     /// Most ready items the tenant may have waiting; 0: no limit.
     #[schema(minimum = 0, maximum = 2147483647)]
-    max_outstanding: u32,
+    max_outstanding: Option<i32>,
+    /// The tenant's share of the workers against other tenants'; default 1.
+    #[schema(minimum = 1, maximum = 1000)]
+    weight: Option<i32>,
+    /// Most items of the tenant running at once, over every broker and service; 0: no cap.
+    #[schema(minimum = 0, maximum = 2147483647)]
+    max_running: Option<i32>,
+    /// Items handed out per second, over every broker; 0: no limit.
+    #[schema(minimum = 0, maximum = 1000000)]
+    rate_per_second: Option<f64>,
+    /// Items handed out at once after a quiet spell.
+    #[schema(minimum = 1, maximum = 1000000)]
+    burst: Option<i32>,
 }
 
-/// Set a tenant's limits, creating it if needed; the shards are redrawn.
+/// Set a tenant's limits and policy, creating it if needed; the shards are redrawn.
 #[utoipa::path(put, path = "/admin/tenants/{tenant}", tag = "admin", request_body = TenantBody,
     params(("tenant" = String, Path, description = "The tenant")),
     responses((status = 200, description = "The tenant as it is now.", body = TenantDocument)))]
 async fn set_tenant(
     broker: web::Data<Broker>,
     path: web::Path<String>,
-    body: web::Json<TenantBody>,
+    body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {
     let tenant = TenantName::parse(&path.into_inner())?;
-    let limit = |name: &str, value: u32| {
-        i32::try_from(value).map_err(|_| {
-            ApiError::bad_request("invalid_body", format!("{name} must be at most {}", i32::MAX))
-        })
-    };
-    let limits = TenantLimits {
-        max_queriers: limit("max_queriers", body.max_queriers)?,
-        max_outstanding: limit("max_outstanding", body.max_outstanding)?,
-    };
-    Ok(HttpResponse::Ok().json(broker.tenancy().set_tenant(&tenant, limits).await?))
+    let change = TenantChange::parse(&body)?;
+    Ok(HttpResponse::Ok().json(broker.tenancy().set_tenant(&tenant, change).await?))
 }
 
 /// What a bulk action does to each job it matches.

@@ -67,6 +67,8 @@ pub const ROUTES: &[(&str, &str, Access)] = &[
     ("GET", "/admin/strategies/usage", OBSERVE),
     ("GET", "/admin/waiting-workers", OBSERVE),
     ("GET", "/admin/queriers", OBSERVE),
+    ("GET", "/admin/users/{user}", OBSERVE),
+    ("PUT", "/admin/users/{user}", ADMIN),
     ("GET", "/admin/tenants", OBSERVE),
     ("GET", "/admin/tenants/{tenant}", OBSERVE),
     ("PUT", "/admin/tenants/{tenant}", ADMIN),

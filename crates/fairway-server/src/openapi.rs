@@ -31,6 +31,8 @@ use super::{admin, error, producers, tokens, workers};
         admin::services,
         admin::service_policy,
         admin::set_service_policy,
+        admin::user_policy,
+        admin::set_user_policy,
         admin::consistency,
         admin::strategy_usage,
         admin::waiting_workers,

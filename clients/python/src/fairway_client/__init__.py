@@ -7,7 +7,16 @@ Producers use :class:`Client` (or :class:`AsyncClient`); a service's pods run a
 :mod:`fairway_client.harmony`.
 """
 
-from ._core import FINISHED_STATUSES, Backoff, Duration, RetryPolicy, ServicePolicy, Verify
+from ._core import (
+    FINISHED_STATUSES,
+    Backoff,
+    Duration,
+    RetryPolicy,
+    ServicePolicy,
+    TenantPolicy,
+    UserPolicy,
+    Verify,
+)
 from ._errors import FairwayError, PermanentError, Release
 from .aio import AsyncClient
 from .client import Client
@@ -31,6 +40,8 @@ __all__ = [
     "RetryPolicy",
     "ServicePolicy",
     "Succeeded",
+    "TenantPolicy",
+    "UserPolicy",
     "Verify",
     "Worker",
     "__version__",

@@ -74,6 +74,69 @@ class ServicePolicy(TypedDict):
     running: int
 
 
+class UserPolicy(TypedDict):
+    """A user's policy and its items running now, as ``GET`` and ``PUT /admin/users/{user}``
+    answer."""
+
+    user: str
+    #: The user's share of the workers against other backlogged users': 1 (the default) to
+    #: 1000. Of two users with work waiting, one of weight 2 runs about twice the items of
+    #: one of weight 1.
+    weight: int
+    #: Most of the user's items running at once, over every broker and service; 0: no cap.
+    max_running: int
+    #: The user's items handed out per second, over every broker; 0: no limit.
+    rate_per_second: float
+    #: Items handed out at once after a quiet spell: at most ``burst + rate_per_second * t``
+    #: in any t seconds.
+    burst: int
+    #: The user's items running now, over every service.
+    running: int
+    #: Whether the user is at its cap: claims pass it over until one of its items ends.
+    at_cap: bool
+    #: While the user's rate limit holds it back, when its next item is due (RFC 3339);
+    #: None otherwise.
+    throttled_until: str | None
+
+
+class TenantPolicy(TypedDict):
+    """A tenant's limits, its policy and what it holds now, as ``GET`` and ``PUT
+    /admin/tenants/{tenant}`` answer."""
+
+    tenant: str
+    #: Queriers that serve the tenant; 0: all of them.
+    max_queriers: int
+    #: Most ready items the tenant may have waiting; 0: no limit. A submission past it raises
+    #: ``FairwayError`` 429 ``too_many_outstanding``.
+    max_outstanding: int
+    #: The tenant's share of the workers against other tenants', per component: 1 (the
+    #: default) to 1000.
+    weight: int
+    #: Most of the tenant's items running at once, over every broker and service; 0: no cap.
+    max_running: int
+    #: The tenant's items handed out per second, over every broker; 0: no limit.
+    rate_per_second: float
+    #: Items handed out at once after a quiet spell: at most ``burst + rate_per_second * t``
+    #: in any t seconds.
+    burst: int
+    #: The tenant's items running now, over every service.
+    running: int
+    #: Whether the tenant is at its cap: claims pass it over until one of its items ends.
+    at_cap: bool
+    #: While the tenant's rate limit holds it back, when its next item is due (RFC 3339);
+    #: None otherwise.
+    throttled_until: str | None
+    #: Whether only ``queriers`` serve it (False: every querier does).
+    sharded: bool
+    #: The tenant's ready items waiting.
+    outstanding: int
+    #: The queriers that serve it now.
+    queriers: list[str]
+    #: When the tenant was created and last changed (RFC 3339).
+    created_at: str
+    updated_at: str
+
+
 #: What ``verify=`` takes: True (the default trust store, or ``SSL_CERT_FILE``), False (no
 #: check), the path of a CA bundle or of a directory of CA certificates, or an SSL context.
 Verify = Union[bool, str, os.PathLike[str], ssl.SSLContext]
@@ -179,6 +242,11 @@ def job_path(job_id: str, suffix: str = "") -> str:
     return f"/jobs/{quote(str(job_id), safe='')}{suffix}"
 
 
+def policy_body(**fields: float | None) -> dict[str, float]:
+    # Only the fields given: the broker keeps the value of every field left out.
+    return {key: value for key, value in fields.items() if value is not None}
+
+
 def service_policy_call(service: str) -> Call:
     return Call("GET", f"/admin/services/{quote(service, safe='')}")
 
@@ -190,10 +258,51 @@ def set_service_policy_call(
     rate_per_second: float | None,
     burst: int | None,
 ) -> Call:
-    # Only the fields given: the broker keeps the value of every field left out.
-    fields = {"max_running": max_running, "rate_per_second": rate_per_second, "burst": burst}
-    body = {key: value for key, value in fields.items() if value is not None}
+    body = policy_body(max_running=max_running, rate_per_second=rate_per_second, burst=burst)
     return Call("PUT", f"/admin/services/{quote(service, safe='')}", body=body)
+
+
+def user_policy_call(user: str) -> Call:
+    return Call("GET", f"/admin/users/{quote(user, safe='')}")
+
+
+def set_user_policy_call(
+    user: str,
+    *,
+    weight: int | None,
+    max_running: int | None,
+    rate_per_second: float | None,
+    burst: int | None,
+) -> Call:
+    body = policy_body(
+        weight=weight, max_running=max_running, rate_per_second=rate_per_second, burst=burst
+    )
+    return Call("PUT", f"/admin/users/{quote(user, safe='')}", body=body)
+
+
+def tenant_policy_call(tenant: str) -> Call:
+    return Call("GET", f"/admin/tenants/{quote(tenant, safe='')}")
+
+
+def set_tenant_policy_call(
+    tenant: str,
+    *,
+    weight: int | None,
+    max_running: int | None,
+    rate_per_second: float | None,
+    burst: int | None,
+    max_queriers: int | None,
+    max_outstanding: int | None,
+) -> Call:
+    body = policy_body(
+        weight=weight,
+        max_running=max_running,
+        rate_per_second=rate_per_second,
+        burst=burst,
+        max_queriers=max_queriers,
+        max_outstanding=max_outstanding,
+    )
+    return Call("PUT", f"/admin/tenants/{quote(tenant, safe='')}", body=body)
 
 
 def querier_shutdown_call(querier: str) -> Call:

@@ -13,7 +13,16 @@ from typing import Any
 import httpx
 
 from . import _core
-from ._core import Call, RetryPolicy, ServicePolicy, Step, Strategy, Verify
+from ._core import (
+    Call,
+    RetryPolicy,
+    ServicePolicy,
+    Step,
+    Strategy,
+    TenantPolicy,
+    UserPolicy,
+    Verify,
+)
 
 
 class AsyncClient:
@@ -299,6 +308,60 @@ class AsyncClient:
             service, max_running=max_running, rate_per_second=rate_per_second, burst=burst
         )
         answer: ServicePolicy = await self._call(call)
+        return answer
+
+    async def user_policy(self, user: str) -> UserPolicy:
+        """See :meth:`fairway_client.Client.user_policy`."""
+        answer: UserPolicy = await self._call(_core.user_policy_call(user))
+        return answer
+
+    async def set_user_policy(
+        self,
+        user: str,
+        *,
+        weight: int | None = None,
+        max_running: int | None = None,
+        rate_per_second: float | None = None,
+        burst: int | None = None,
+    ) -> UserPolicy:
+        """See :meth:`fairway_client.Client.set_user_policy`."""
+        call = _core.set_user_policy_call(
+            user,
+            weight=weight,
+            max_running=max_running,
+            rate_per_second=rate_per_second,
+            burst=burst,
+        )
+        answer: UserPolicy = await self._call(call)
+        return answer
+
+    async def tenant_policy(self, tenant: str) -> TenantPolicy:
+        """See :meth:`fairway_client.Client.tenant_policy`."""
+        answer: TenantPolicy = await self._call(_core.tenant_policy_call(tenant))
+        return answer
+
+    async def set_tenant_policy(
+        self,
+        tenant: str,
+        *,
+        weight: int | None = None,
+        max_running: int | None = None,
+        rate_per_second: float | None = None,
+        burst: int | None = None,
+        max_queriers: int | None = None,
+        max_outstanding: int | None = None,
+    ) -> TenantPolicy:
+        """See :meth:`fairway_client.Client.set_tenant_policy`."""
+        call = _core.set_tenant_policy_call(
+            tenant,
+            weight=weight,
+            max_running=max_running,
+            rate_per_second=rate_per_second,
+            burst=burst,
+            max_queriers=max_queriers,
+            max_outstanding=max_outstanding,
+        )
+        answer: TenantPolicy = await self._call(call)
         return answer
 
     # Probes.

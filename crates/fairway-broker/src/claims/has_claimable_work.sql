@@ -1,25 +1,34 @@
 -- Whether service $1 has claimable work for querier $2 at all: tells a claim that came back
--- empty whether it lost a race (try again) or there is nothing for it to do.
-SELECT 1
+-- empty whether it lost a race (try again), or the only work there is belongs to users at their
+-- cap or out of tokens (look again when a slot frees or a bucket refills), or there is nothing
+-- for it to do (no row). in_order is true for the first; for the second, throttled_until is
+-- when one such user's next item is due, or NULL for a cap. The first tenant queue with work in
+-- the claim's order answers, read from the indexes, so a queue further on whose users are held
+-- is missed; either answer has the claim look again soon.
+SELECT w.in_order, w.throttled_until
   FROM tenant_queues tq
   JOIN tenants t ON t.tenant = tq.tenant
+ CROSS JOIN LATERAL (
+       SELECT su.in_order,
+              (SELECT u.throttled_until FROM users u WHERE u.username = su.username)
+                  AS throttled_until
+         FROM service_users su
+        WHERE su.service = $1
+          AND su.component = tq.component
+          AND su.tenant = tq.tenant
+          AND su.ready_count > 0
+        ORDER BY su.in_order DESC
+        LIMIT 1
+       ) w
  WHERE tq.service = $1
    AND tq.active
+   -- A scalar subquery, not EXISTS: the planner keeps it a primary-key probe per tenant
+   -- instead of hashing every shard row of the querier.
    AND (NOT t.sharded
-   -- A scalar subquery, not EXISTS: the planner keeps it a primary-key
-                   -- probe per tenant instead of hashing every shard row of the querier.
-                   OR (SELECT true
-                         FROM tenant_shards ts
-                        WHERE ts.tenant = tq.tenant
-                          AND ts.querier = $2))
-   AND EXISTS (
-           SELECT 1
-             FROM service_users su
-            WHERE su.service = $1
-              AND su.component = tq.component
-              AND su.tenant = tq.tenant
-              AND su.ready_count > 0
-       )
+        OR (SELECT true
+              FROM tenant_shards ts
+             WHERE ts.tenant = tq.tenant
+               AND ts.querier = $2))
  -- The claim's order: read from its index, it stops at the first tenant with work.
- ORDER BY tq.component, tq.running_count, tq.last_worked NULLS FIRST, tq.tenant
+ ORDER BY tq.component, tq.share, tq.last_worked NULLS FIRST, tq.tenant
  LIMIT 1;

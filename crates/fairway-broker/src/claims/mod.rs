@@ -67,6 +67,20 @@ impl Limit {
         }
     }
 
+    /// Why only users at their cap or out of tokens have work: the first of them due then,
+    /// if any is rate-limited, else a cap.
+    fn held_users(throttled_until: Option<chrono::DateTime<chrono::Utc>>) -> Self {
+        match throttled_until {
+            Some(due) => Limit::Rate(
+                (due - chrono::Utc::now())
+                    .to_std()
+                    .unwrap_or_default()
+                    .max(Duration::from_millis(1)),
+            ),
+            None => Limit::Cap,
+        }
+    }
+
     /// The label of `fairway_claims_passed_over_total`.
     fn reason(self) -> &'static str {
         match self {
@@ -299,7 +313,12 @@ impl Claims {
                         querier: request.querier.as_str(),
                     };
                     match sql::fetch_opt(&client, &has_work).await {
-                        Ok(Some(_)) => Ok(Look::Contended),
+                        Ok(Some(work)) if work.in_order => Ok(Look::Contended),
+                        Ok(Some(work)) => {
+                            let limit = Limit::held_users(work.throttled_until);
+                            self.core.metrics.passed_over(limit.reason());
+                            Ok(Look::Limited(limit))
+                        }
                         Ok(None) => Ok(Look::Nothing),
                         Err(error) => Err(error.into()),
                     }

@@ -61,10 +61,20 @@ row! {
 }
 
 statement! {
-    /// Whether the service has claimable work for the querier at all.
-    HasClaimableWork<'a> = "has_claimable_work" -> () {
+    /// Whether the service has claimable work for the querier at all, and if only users at
+    /// their cap or out of tokens have it, when the first of those is due.
+    HasClaimableWork<'a> = "has_claimable_work" -> ClaimableWork {
         service: &'a str,
         querier: &'a str,
+    }
+}
+
+row! {
+    ClaimableWork {
+        /// Whether a user in the fair order has it (so another transaction held it).
+        in_order: bool,
+        /// When a rate-limited user's next item is due, if only such users have it.
+        throttled_until: Option<DateTime<Utc>>,
     }
 }
 

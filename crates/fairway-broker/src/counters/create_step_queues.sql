@@ -1,10 +1,9 @@
 -- Makes sure job $1's step $2 has a user_work row for each component in $3, and its user a
 -- service_users row and an actor_queues row per actor path prefix for each, so that counter
--- changes only ever update rows. The caller holds
--- the user's users row, so the copied counters are current. A new row's ready_from is the
--- greatest item id yet: the step's items, inserted after it, come later, and a claim's first
--- read of them then starts there rather than at the first item of the table, which a plan that
--- walks the primary key would read through.
+-- changes only ever update rows. The caller holds the user's users row, so the copied counters
+-- and policy are current. A new row's ready_from is the greatest item id yet: the step's items,
+-- inserted after it, come later, and a claim's first read of them then starts there rather than
+-- at the first item of the table, which a plan that walks the primary key would read through.
 WITH step AS (
     SELECT j.job_id, s.step_index, s.service, j.username, j.is_async, j.priority, j.tenant,
            j.actor,
@@ -30,8 +29,10 @@ WITH step AS (
            generate_series(1, cardinality(step.actor)) AS depth
         ON CONFLICT (username, service, component, tenant, path) DO NOTHING
 )
-INSERT INTO service_users (service, component, tenant, username, running_count, last_worked)
-SELECT step.service, c.component, step.tenant, u.username, u.running_count, u.last_worked
+INSERT INTO service_users (service, component, tenant, username, running_count, last_worked,
+                           weight, max_running, throttled)
+SELECT step.service, c.component, step.tenant, u.username, u.running_count, u.last_worked,
+       u.weight, u.max_running, u.throttled_until IS NOT NULL
   FROM step
   JOIN users u ON u.username = step.username,
        unnest($3::text[]) AS c(component)

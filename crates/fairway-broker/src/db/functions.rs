@@ -11,7 +11,7 @@ use super::DbError;
 /// Raise this whenever a function's file changes, and pin the new digest in the
 /// tests below: it is how brokers tell an older function set from a newer one. A unit test
 /// fails until both match the files.
-pub const REVISION: i32 = 22;
+pub const REVISION: i32 = 23;
 
 macro_rules! function_files {
     ($($duty:literal / $name:literal),* $(,)?) => {
@@ -46,9 +46,13 @@ impl FunctionFile {
 /// the duties' `functions/` folders hold no other.
 pub const FILES: &[FunctionFile] = function_files![
     "claims" / "admit_services",
+    "claims" / "admit_tenant",
     "counters" / "apply_step_deltas",
     "counters" / "apply_tenant_delta",
     "counters" / "apply_tenant_deltas",
+    "policies" / "bucket_charged",
+    "policies" / "bucket_due",
+    "policies" / "bucket_tokens",
     "claims" / "charge_services",
     "claims" / "claim_fair_round",
     "claims" / "claim_items",
@@ -59,8 +63,10 @@ pub const FILES: &[FunctionFile] = function_files![
     "counters" / "lower_ready_from",
     "maintenance" / "promote_scheduled_items",
     "counters" / "recount_tenant_running",
+    "policies" / "retry_ms_until",
     "claims" / "service_running",
     "claims" / "tenant_has_rivals",
+    "claims" / "tenant_running",
     "counters" / "track_claimable_step",
 ];
 
@@ -143,7 +149,7 @@ mod tests {
     use super::*;
 
     /// The digest of the files at [`REVISION`].
-    const PINNED_DIGEST: &str = "bb60bb328ce022e042ad4b201d03ff643e3b9ef5a1166d9de8d6370ae1a93815";
+    const PINNED_DIGEST: &str = "98e73760625048e1f81252abba503855faccc46453f706e8c83069864b90128d";
 
     #[test]
     fn the_digest_is_pinned_for_this_revision() {

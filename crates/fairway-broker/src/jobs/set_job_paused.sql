@@ -32,9 +32,10 @@ WITH steps AS (
        AND (a.path = pq.actor[1:1] OR a.path = pq.actor[1:2] OR a.path = pq.actor[1:3])
 ), tenants_activated AS (
     -- In key order, as apply_tenant_deltas takes them.
-    INSERT INTO tenant_queues AS tq (service, component, tenant)
-    SELECT DISTINCT pq.service, pq.component, pq.tenant
+    INSERT INTO tenant_queues AS tq (service, component, tenant, weight)
+    SELECT DISTINCT pq.service, pq.component, pq.tenant, t.weight
       FROM per_queue pq
+      JOIN tenants t ON t.tenant = pq.tenant
      WHERE pq.delta > 0
        AND EXISTS (SELECT 1 FROM queue_counts)
      ORDER BY pq.service, pq.component, pq.tenant

@@ -1,8 +1,16 @@
--- Tenants (all, or only $1) with their limits, how many items wait, and the queriers that
--- serve them: the shard when sharded, else every member.
+-- Tenants (all, or only $1) with their limits and policy, how many items wait and run, and the
+-- queriers that serve them: the shard when sharded, else every member.
 SELECT t.tenant,
        t.max_queriers,
        t.max_outstanding,
+       t.weight,
+       t.max_running,
+       t.rate_per_second,
+       t.burst,
+       r.running,
+       t.max_running > 0 AND r.running >= t.max_running AS at_cap,
+       CASE WHEN t.rate_per_second > 0 THEN
+           bucket_due(t.rate_per_second, t.burst, t.next_free) END AS throttled_until,
        t.sharded,
        (SELECT coalesce(sum(uw.ready_count), 0)
           FROM jobs j
@@ -22,5 +30,6 @@ SELECT t.tenant,
        t.created_at,
        t.updated_at
   FROM tenants t
+ CROSS JOIN LATERAL (SELECT tenant_running(t.tenant) AS running) r
  WHERE $1::text IS NULL OR t.tenant = $1
  ORDER BY t.tenant;

@@ -12,7 +12,7 @@ use crate::counters;
 use crate::db::sql;
 use crate::BrokerError;
 use fairway_api::model::{QuerierName, TenantName};
-use fairway_api::tenancy::{QuerierDocument, TenantDocument, TenantLimits};
+use fairway_api::tenancy::{QuerierDocument, TenantChange, TenantDocument};
 use statements::{
     JoinQuerier, ListQueriers, ListTenants, LockIdleTenantQueues, LockMembership,
     NotifyQuerierShutDown, ReshardTenants, RetireQueriers, RetireTenantQueues, ShutDownQuerier,
@@ -96,26 +96,31 @@ impl Tenancy {
         sql::millis(self.core.settings.querier_forget_delay)
     }
 
-    /// Sets a tenant's limits (creating it) and redraws the shards.
+    /// Changes a tenant's limits and policy (creating it), the fields left out kept, and
+    /// redraws the shards. Claims obey a new policy from their next batch.
     pub async fn set_tenant(
         &self,
         tenant: &TenantName,
-        limits: TenantLimits,
+        change: TenantChange,
     ) -> Result<TenantDocument, BrokerError> {
-        self.core.retrying("set_tenant", move || self.set_tenant_once(tenant, limits)).await
+        self.core.retrying("set_tenant", move || self.set_tenant_once(tenant, change)).await
     }
 
     async fn set_tenant_once(
         &self,
         tenant: &TenantName,
-        limits: TenantLimits,
+        change: TenantChange,
     ) -> Result<TenantDocument, BrokerError> {
         let mut client = self.core.client().await?;
         let tx = membership_change(&mut client).await?;
         let upsert = UpsertTenant {
             tenant: tenant.as_str(),
-            max_queriers: limits.max_queriers,
-            max_outstanding: limits.max_outstanding,
+            max_queriers: change.max_queriers,
+            max_outstanding: change.max_outstanding,
+            weight: change.policy.weight,
+            max_running: change.policy.max_running,
+            rate_per_second: change.policy.rate_per_second,
+            burst: change.policy.burst,
         };
         sql::run(&tx, &upsert).await?;
         sql::run(&tx, &ReshardTenants {}).await?;

@@ -55,8 +55,12 @@ statement! {
 statement! {
     UpsertTenant<'a> = "upsert_tenant" -> () {
         tenant: &'a str,
-        max_queriers: i32,
-        max_outstanding: i32,
+        max_queriers: Option<i32>,
+        max_outstanding: Option<i32>,
+        weight: Option<i32>,
+        max_running: Option<i32>,
+        rate_per_second: Option<f64>,
+        burst: Option<i32>,
     }
 }
 

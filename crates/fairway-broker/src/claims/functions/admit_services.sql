@@ -10,11 +10,7 @@
 -- which errs on the side of the cap. The count reads every running item once (the leases
 -- index), a cost only a capped service's claims pay.
 --
--- The bucket is one time, next_free, by the generic cell rate algorithm: with the emission
--- interval T = 1 / rate_per_second rounded up to a microsecond, an item is due while next_free
--- (or now, if later) is at most (burst − 1) × T ahead of now, and each item moves it on by T.
--- So in any t seconds at most burst + rate_per_second × t items go out, whichever brokers
--- claim them; the rounding only ever lowers the rate.
+-- The rate limit is a bucket kept as one time, next_free (bucket_tokens tells how).
 --
 -- Arguments: the batch's services and maxes, request i the i-th of each.
 -- Answer: one row per request of a service with a cap or a limit: the items it may take
@@ -32,8 +28,6 @@ DECLARE
     v_policy record;
     v_by_cap bigint;
     v_by_rate bigint;
-    v_interval_us bigint;
-    v_ahead_us bigint;
     v_left bigint;
     v_request record;
 BEGIN
@@ -51,16 +45,8 @@ BEGIN
             v_by_cap := greatest(v_policy.max_running - service_running(v_policy.service), 0);
         END IF;
         IF v_policy.rate_per_second > 0 THEN
-            v_interval_us := ceil(1000000 / v_policy.rate_per_second)::bigint;
-            -- How far the next free slot lies ahead of now, in microseconds (0: due now).
-            v_ahead_us := greatest(
-                floor(extract(epoch FROM coalesce(v_policy.next_free, now()) - now())
-                      * 1000000)::bigint,
-                0);
-            v_by_rate := CASE
-                WHEN v_ahead_us > (v_policy.burst - 1) * v_interval_us THEN 0
-                ELSE ((v_policy.burst - 1) * v_interval_us - v_ahead_us) / v_interval_us + 1
-            END;
+            v_by_rate := bucket_tokens(v_policy.rate_per_second, v_policy.burst,
+                                       v_policy.next_free);
         END IF;
         v_left := least(coalesce(v_by_cap, v_by_rate), coalesce(v_by_rate, v_by_cap));
         FOR v_request IN
@@ -79,13 +65,12 @@ BEGIN
                     limited := 'cap';
                 ELSE
                     limited := 'rate';
-                    -- The next item is due once next_free, moved on by all the bucket
-                    -- allows this batch, is within (burst − 1) intervals of now: at most one
-                    -- interval from now.
-                    retry_ms := greatest(
-                        ceil((v_ahead_us + (v_by_rate - v_policy.burst + 1) * v_interval_us)
-                             / 1000.0)::bigint,
-                        1);
+                    -- When the next item is due, once the bucket is billed for all it allows
+                    -- this batch: at most one interval from now.
+                    retry_ms := retry_ms_until(
+                        bucket_due(v_policy.rate_per_second, v_policy.burst,
+                                   bucket_charged(v_policy.rate_per_second, v_policy.next_free,
+                                                  v_by_rate)));
                 END IF;
             END IF;
             RETURN NEXT;

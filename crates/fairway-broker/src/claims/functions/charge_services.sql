@@ -1,8 +1,6 @@
 -- charge_services: bills each rate-limited service's bucket for the items a claim batch handed
--- out, moving its next_free on by one emission interval per item (see admit_services), from
--- now when the bucket had filled. Called by claim_items last, in the transaction whose
--- admit_services locked the rows, so that no other claim of the service reads the bucket in
--- between.
+-- out (bucket_charged). Called by claim_items last, in the transaction whose admit_services
+-- locked the rows, so that no other claim of the service reads the bucket in between.
 --
 -- Arguments: the batch's services, and how many items request i took (p_taken[i]).
 -- Locks: none beyond the rows admit_services holds.
@@ -13,8 +11,7 @@ LANGUAGE plpgsql
 AS $charge$
 BEGIN
     UPDATE service_policies sp
-       SET next_free = greatest(coalesce(sp.next_free, now()), now())
-                       + t.items * ceil(1000000 / sp.rate_per_second) * interval '1 microsecond'
+       SET next_free = bucket_charged(sp.rate_per_second, sp.next_free, t.items)
       FROM (SELECT r.service, sum(r.taken) AS items
               FROM unnest(p_services, p_taken) AS r(service, taken)
              GROUP BY r.service) t

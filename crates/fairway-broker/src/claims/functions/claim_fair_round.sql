@@ -62,12 +62,13 @@ AS $round$
 DECLARE
     v_at timestamptz := clock_timestamp();
     v_tenant text;
-    v_least integer;
+    v_tenant_policed boolean;
+    v_least bigint;
     v_first_lags boolean;
 BEGIN
     -- The one active tenant queue, read as the one-at-a-time claim reads the tenants.
-    SELECT tq.tenant
-      INTO v_tenant
+    SELECT tq.tenant, t.max_running > 0 OR t.rate_per_second > 0
+      INTO v_tenant, v_tenant_policed
       FROM tenant_queues tq
       JOIN tenants t ON t.tenant = tq.tenant
      WHERE tq.service = p_service
@@ -79,23 +80,30 @@ BEGIN
                   FROM tenant_shards ts
                  WHERE ts.tenant = tq.tenant
                    AND ts.querier = p_querier))
-     ORDER BY tq.running_count, tq.last_worked NULLS FIRST, tq.tenant
+     ORDER BY tq.share, tq.last_worked NULLS FIRST, tq.tenant
      LIMIT 1;
+    -- A tenant with a cap or a rate limit is admitted one item at a time (admit_tenant).
+    IF v_tenant_policed THEN
+        RETURN;
+    END IF;
     -- The least work in progress in the order. No user further ahead of it than there are
     -- items wanted can be reached, and bounding the head by that keeps its read a short range
     -- of the order's index: the plan, made once, cannot see the LIMIT.
     -- A first row that lags its user would end the set before its first pick: then the
     -- caller's single claims, which bring such rows level, go on at once. (Read without the
     -- user's lock: the set checks again under it.)
-    SELECT su.running_count,
-           u.running_count IS DISTINCT FROM su.running_count
-               OR u.last_worked IS DISTINCT FROM su.last_worked
+    SELECT su.share,
+           (u.running_count, u.last_worked, u.weight, u.max_running,
+            u.throttled_until IS NOT NULL)
+               IS DISTINCT FROM (su.running_count, su.last_worked, su.weight, su.max_running,
+                                 su.throttled)
       INTO v_least, v_first_lags
       FROM service_users su
       JOIN users u ON u.username = su.username
      WHERE (su.service, su.component, su.tenant) = (p_service, p_component, v_tenant)
+       AND su.in_order
        AND su.ready_count > 0
-     ORDER BY su.running_count, su.last_worked NULLS FIRST, su.username
+     ORDER BY su.share, su.last_worked NULLS FIRST, su.username
      LIMIT 1;
     IF v_least IS NULL OR v_first_lags THEN
         RETURN;
@@ -103,60 +111,74 @@ BEGIN
 
     RETURN QUERY
     WITH candidates AS (
-        SELECT su.username, su.running_count, su.last_worked, su.ready_count, su.local_ready,
-               row_number() OVER (ORDER BY su.running_count, su.last_worked NULLS FIRST,
+        SELECT su.username, su.running_count, su.weight, su.max_running, su.throttled,
+               su.share, su.last_worked, su.ready_count, su.local_ready,
+               row_number() OVER (ORDER BY su.share, su.last_worked NULLS FIRST,
                                            su.username) AS place
           FROM (SELECT su.*
                   FROM service_users su
                  WHERE su.service = p_service
                    AND su.component = p_component
                    AND su.tenant = v_tenant
+                   AND su.in_order
                    AND su.ready_count > 0
                    -- From 0: a count that fell since v_least was read still sorts first.
-                   AND su.running_count BETWEEN 0 AND v_least + cardinality(p_slots)
-                 ORDER BY su.running_count, su.last_worked NULLS FIRST, su.username
+                   AND su.share BETWEEN 0 AND v_least + cardinality(p_slots) * 1000000::bigint
+                 ORDER BY su.share, su.last_worked NULLS FIRST, su.username
                  LIMIT cardinality(p_slots)) su
     ), head AS (
-        -- The candidates whose users no other transaction holds, locked in order.
+        -- The candidates whose users no other transaction holds, locked in order, and how many
+        -- picks each user's cap and bucket still allow (one at least, for a row in the order
+        -- whose copies are level).
         SELECT c.*,
-               u.running_count IS NOT DISTINCT FROM c.running_count
-                   AND u.last_worked IS NOT DISTINCT FROM c.last_worked
-                   AND c.ready_count = c.local_ready AS exact_row
+               (u.running_count, u.last_worked, u.weight, u.max_running,
+                u.throttled_until IS NOT NULL)
+                   IS NOT DISTINCT FROM (c.running_count, c.last_worked, c.weight,
+                                         c.max_running, c.throttled)
+                   AND c.ready_count = c.local_ready AS exact_row,
+               least(CASE WHEN u.max_running > 0 THEN u.max_running - u.running_count END,
+                     CASE WHEN u.rate_per_second > 0 THEN
+                         bucket_tokens(u.rate_per_second, u.burst, u.next_free) END,
+                     cardinality(p_slots)) AS allowed
           FROM candidates c
-          JOIN LATERAL (SELECT u.running_count, u.last_worked
+          JOIN LATERAL (SELECT u.running_count, u.last_worked, u.weight, u.max_running,
+                               u.throttled_until, u.rate_per_second, u.burst, u.next_free
                           FROM users u
                          WHERE u.username = c.username
                            FOR NO KEY UPDATE SKIP LOCKED) u ON true
     ), bounds AS (
         -- Where the head stops standing for the whole order: at its first row that lags or
         -- has work under actors, or at its last row when the LIMIT cut it (NULL: neither).
-        -- Only levels up to that row's count are known; and only as far as the items wanted
+        -- Only shares below that row's are known; and only as far as the items wanted
         -- spread over the head's users, so that a set stays about that size.
         SELECT coalesce(
-                   (SELECT h.running_count
+                   (SELECT h.share
                       FROM head h
                      WHERE NOT h.exact_row
                      ORDER BY h.place
                      LIMIT 1),
-                   (SELECT c.running_count
+                   (SELECT c.share
                       FROM candidates c
-                     WHERE c.place = cardinality(p_slots))) AS known_level,
+                     WHERE c.place = cardinality(p_slots))) AS known_share,
                (SELECT min(h.place) FROM head h WHERE NOT h.exact_row) AS first_inexact,
-               (SELECT min(h.running_count)
-                       + ceil(cardinality(p_slots)::numeric / nullif(count(*), 0))::integer
-                  FROM head h) AS level_cap,
-               -- Whether the head holds a user for every item wanted within one level of the
-               -- first: then each takes one pick, in the head's order, and no user's later
-               -- picks need working out.
+               (SELECT min(h.share)
+                       + ceil(cardinality(p_slots)::numeric / nullif(count(*), 0))::bigint
+                         * 1000000
+                  FROM head h) AS share_cap,
+               -- Whether the head holds a user for every item wanted at or below the least
+               -- share any user reaches by a second pick: then each takes one pick, in the
+               -- head's order, and no user's later picks need working out.
                (SELECT count(*) >= cardinality(p_slots)
                   FROM head h
-                 WHERE h.running_count <= (SELECT min(m.running_count) FROM head m) + 1)
+                 WHERE h.share <= (SELECT min((m.running_count + 1)::bigint * 1000000 / m.weight)
+                                     FROM head m))
                    AS one_pick_each
     ), steps AS MATERIALIZED (
         -- Each usable user's best step, and, where it may take more than one pick, whether
         -- that is its only claimable step: such a user takes successive items of it; a user
         -- with more takes one item a set.
-        SELECT h.username, h.running_count, h.place, s.job_id, s.step_index, s.ready_from,
+        SELECT h.username, h.running_count, h.weight, h.share, h.allowed, h.place, s.job_id,
+               s.step_index, s.ready_from,
                s.first_claim, s.ready_count AS step_ready,
                CASE WHEN NOT b.one_pick_each THEN
                    (SELECT count(*)
@@ -190,31 +212,38 @@ BEGIN
                ) s
          WHERE b.first_inexact IS NULL OR h.place < b.first_inexact
     ), picks AS (
-        -- A user's k-th pick puts it at level running_count + k. At a level, those that
-        -- started there go first (worked longest ago), then those raised to it, in the order
-        -- they were raised: the order of the level below. A user with another step takes its
-        -- second pick from whichever step is then best: that pick is a wall the set stops at.
-        SELECT s.*, s.running_count + k AS level, k + 1 AS nth,
+        -- A user's k-th pick (from 0) is made at its share with running_count + k items in
+        -- progress. At a share, those that started there go first (worked longest ago), then
+        -- those raised to it, in the order they were raised: so a pick sorts by its share, then
+        -- by its user's previous pick, recursively, down to the user's place in the head
+        -- (sort_key, compared as an array; -1 marks the start, below every share). A user with
+        -- another step takes its second pick from whichever step is then best: that pick is a
+        -- wall the set stops at. Picks go up to share_cap, and no further than the user's cap
+        -- and bucket allow: a user at either has left the order.
+        SELECT s.*, k + 1 AS nth,
+               ARRAY(SELECT (s.running_count + j)::bigint * 1000000 / s.weight
+                       FROM generate_series(k, 0, -1) j)
+                   || ARRAY[-1, s.place] AS sort_key,
                (k = 0 OR s.only_step)
-               AND (b.known_level IS NULL
-                    OR s.running_count + k < b.known_level
-                    OR (s.running_count + k = b.known_level
-                        AND s.running_count = b.known_level)) AS exact
+               AND (b.known_share IS NULL
+                    OR (s.running_count + k)::bigint * 1000000 / s.weight < b.known_share
+                    OR (k = 0 AND s.share = b.known_share)) AS exact
           FROM steps s
          CROSS JOIN bounds b
          CROSS JOIN LATERAL generate_series(
                0, CASE WHEN b.one_pick_each THEN 0
                        ELSE least(CASE WHEN s.only_step THEN s.step_ready ELSE 2 END,
-                                  b.level_cap - s.running_count + 1) - 1
+                                  s.allowed,
+                                  ((b.share_cap + 1) * s.weight + 999999) / 1000000
+                                      - s.running_count)
+                            - 1
                   END) k
     ), chosen AS (
         SELECT q.username, q.job_id, q.step_index, q.ready_from, q.first_claim, q.nth, q.seq,
                p_slots[q.seq] AS request,
                v_at + (q.seq - 1) * interval '1 microsecond' AS at
           FROM (SELECT o.*, bool_and(o.exact) OVER (ORDER BY o.seq) AS in_prefix
-                  FROM (SELECT p.*,
-                               row_number() OVER (ORDER BY p.level, p.running_count DESC,
-                                                           p.place) AS seq
+                  FROM (SELECT p.*, row_number() OVER (ORDER BY p.sort_key) AS seq
                           FROM picks p) o) q
          WHERE q.in_prefix
            AND q.seq <= cardinality(p_slots)
@@ -267,17 +296,26 @@ BEGIN
                = (cl.job_id, cl.step_index, p_component)
            AND uw.job_id = ANY (ARRAY(SELECT listed.job_id FROM claimed listed))
     ), user_counts AS (
+        -- As claim_items bills a rate-limited user's bucket, for all its picks at once.
         UPDATE users u
            SET running_count = u.running_count + cl.items,
-               last_worked = cl.last_at
+               last_worked = cl.last_at,
+               next_free = CASE WHEN u.rate_per_second > 0 THEN
+                   bucket_charged(u.rate_per_second, u.next_free, cl.items) END,
+               throttled_until = CASE WHEN u.rate_per_second > 0 THEN
+                   bucket_due(u.rate_per_second, u.burst,
+                              bucket_charged(u.rate_per_second, u.next_free, cl.items))
+               END
           FROM claimed cl
          WHERE u.username = cl.username
            AND u.username = ANY (ARRAY(SELECT listed.username FROM claimed listed))
-     RETURNING u.username, cl.items, u.running_count, u.last_worked
+     RETURNING u.username, cl.items, u.running_count, u.last_worked,
+               u.throttled_until IS NOT NULL AS throttled
     ), queues AS (
         UPDATE service_users su
            SET running_count = uc.running_count,
                last_worked = uc.last_worked,
+               throttled = uc.throttled,
                ready_count = su.ready_count - uc.items,
                local_ready = su.local_ready - uc.items,
                local_running = su.local_running + uc.items,

@@ -174,6 +174,7 @@ DECLARE
     -- (all NULL in a batch no policy touches).
     v_policed boolean;
     v_admitted record;
+    v_user record;
     v_limited text[];
     v_retry_ms bigint[];
     v_taken integer[];
@@ -195,6 +196,25 @@ BEGIN
     END IF;
     limited := NULL;
     retry_ms := NULL;
+
+    -- Users whose rate limit's next item has come due go back into the fair order: their rows
+    -- there left it when their buckets emptied (see the users update below).
+    WITH due AS (
+        SELECT u.username
+          FROM users u
+         WHERE u.throttled_until <= now()
+           FOR NO KEY UPDATE SKIP LOCKED
+    ), released AS (
+        UPDATE users u
+           SET throttled_until = NULL
+          FROM due
+         WHERE u.username = due.username
+    )
+    UPDATE service_users su
+       SET throttled = false
+      FROM due
+     WHERE su.username = due.username
+       AND su.throttled;
 
     -- The running-count changes logged since the last batch, first: the tenant order below
     -- reads the counts. The rows folded are held from here on, so the greatest is the bound
@@ -505,7 +525,8 @@ BEGIN
                             -- over.
                             SELECT uw.username, uw.tenant, false AS stale, 0 AS ready_count,
                                    0 AS local_ready, 0 AS local_running,
-                                   NULL::timestamptz AS local_last_worked, uw.actor
+                                   NULL::timestamptz AS local_last_worked, uw.actor,
+                                   t.max_running > 0 OR t.rate_per_second > 0 AS tenant_policed
                               INTO v_pick
                               FROM user_work uw
                               JOIN tenants t ON t.tenant = uw.tenant
@@ -531,12 +552,27 @@ BEGIN
                                                          = (uw.job_id, f ->> 'key',
                                                             f -> 'value')));
                             CONTINUE candidates WHEN NOT FOUND;
-                            PERFORM 1
-                               FROM users u
-                              WHERE u.username = v_pick.username
-                                FOR NO KEY UPDATE SKIP LOCKED;
+                            SELECT u.max_running > 0 AND u.running_count >= u.max_running
+                                       AS capped,
+                                   u.throttled_until
+                              INTO v_user
+                              FROM users u
+                             WHERE u.username = v_pick.username
+                               FOR NO KEY UPDATE SKIP LOCKED;
                             IF NOT FOUND THEN
                                 passed_over := true;
+                                CONTINUE candidates;
+                            END IF;
+                            -- A user at its cap, or out of tokens until the batch that finds
+                            -- its next item due, is passed over as the fair order leaves it out.
+                            IF v_user.capped THEN
+                                limited := 'cap';
+                                CONTINUE candidates;
+                            END IF;
+                            IF v_user.throttled_until IS NOT NULL THEN
+                                limited := 'rate';
+                                retry_ms := least(retry_ms,
+                                                  retry_ms_until(v_user.throttled_until));
                                 CONTINUE candidates;
                             END IF;
                             -- Hard caps: the value's row locked (never waited for), then its
@@ -593,14 +629,18 @@ BEGIN
                     FOR turn IN 0 .. v_count - 1 LOOP
                         v_component := v_components[1 + (v_worker + turn) % v_count];
                         SELECT best.username, tq.tenant, best.stale, best.ready_count,
-                               best.local_ready, best.local_running, best.local_last_worked
+                               best.local_ready, best.local_running, best.local_last_worked,
+                               t.max_running > 0 OR t.rate_per_second > 0 AS tenant_policed
                           INTO v_pick
                           FROM tenant_queues tq
                           JOIN tenants t ON t.tenant = tq.tenant
                          CROSS JOIN LATERAL (
                                SELECT u.username,
-                                      u.running_count IS DISTINCT FROM su.running_count
-                                          OR u.last_worked IS DISTINCT FROM su.last_worked AS stale,
+                                      (u.running_count, u.last_worked, u.weight, u.max_running,
+                                       u.throttled_until IS NOT NULL)
+                                          IS DISTINCT FROM (su.running_count, su.last_worked,
+                                                            su.weight, su.max_running,
+                                                            su.throttled) AS stale,
                                       su.ready_count, su.local_ready, su.local_running,
                                       su.local_last_worked
                                  FROM service_users su
@@ -608,8 +648,9 @@ BEGIN
                                 WHERE su.service = v_service
                                   AND su.component = tq.component
                                   AND su.tenant = tq.tenant
+                                  AND su.in_order
                                   AND su.ready_count > 0
-                                ORDER BY su.running_count, su.last_worked NULLS FIRST, su.username
+                                ORDER BY su.share, su.last_worked NULLS FIRST, su.username
                                 LIMIT 1
                                   FOR NO KEY UPDATE OF u SKIP LOCKED
                                ) best
@@ -623,7 +664,7 @@ BEGIN
                                       FROM tenant_shards ts
                                      WHERE ts.tenant = tq.tenant
                                        AND ts.querier = v_querier))
-                         ORDER BY tq.running_count, tq.last_worked NULLS FIRST, tq.tenant
+                         ORDER BY tq.share, tq.last_worked NULLS FIRST, tq.tenant
                          LIMIT 1;
                         EXIT WHEN FOUND;
                     END LOOP;
@@ -631,34 +672,60 @@ BEGIN
                     EXIT items WHEN v_pick.username IS NULL;
                     IF v_pick.stale THEN
                         -- The row's copies lag the user's counts (claims move only the row
-                        -- they claim from), so the user sorts later than the row says: bring
-                        -- it level, under the user's lock the pick took, and look again. Where
+                        -- they claim from) or policy, so the user sorts later than the row
+                        -- says, or is at its cap or out of tokens: bring it level, under the
+                        -- user's lock the pick took, and look again. Where
                         -- users are claimed in several services, the rows just behind it
                         -- mostly lag too: those whose users are free are levelled with it.
                         UPDATE service_users su
                            SET running_count = u.running_count,
-                               last_worked = u.last_worked
+                               last_worked = u.last_worked,
+                               weight = u.weight,
+                               max_running = u.max_running,
+                               throttled = u.throttled_until IS NOT NULL
                           FROM (SELECT h.username
-                                  FROM (SELECT l.username, l.running_count, l.last_worked
+                                  FROM (SELECT l.username, l.running_count, l.last_worked,
+                                               l.weight, l.max_running, l.throttled
                                           FROM service_users l
                                          WHERE (l.service, l.component, l.tenant)
                                                = (v_service, v_component, v_pick.tenant)
+                                           AND l.in_order
                                            AND l.ready_count > 0
-                                         ORDER BY l.running_count, l.last_worked NULLS FIRST,
+                                         ORDER BY l.share, l.last_worked NULLS FIRST,
                                                   l.username
                                          LIMIT 16) h
                                  WHERE h.username = v_pick.username
-                                    OR (SELECT (seen.running_count, seen.last_worked)
+                                    OR (SELECT (seen.running_count, seen.last_worked,
+                                                seen.weight, seen.max_running,
+                                                seen.throttled_until IS NOT NULL)
                                                    IS DISTINCT FROM (h.running_count,
-                                                                     h.last_worked)
+                                                                     h.last_worked, h.weight,
+                                                                     h.max_running,
+                                                                     h.throttled)
                                           FROM users seen
                                          WHERE seen.username = h.username)) lagging
-                          JOIN LATERAL (SELECT u.running_count, u.last_worked
+                          JOIN LATERAL (SELECT u.running_count, u.last_worked, u.weight,
+                                               u.max_running, u.throttled_until
                                           FROM users u
                                          WHERE u.username = lagging.username
                                            FOR NO KEY UPDATE SKIP LOCKED) u ON true
                          WHERE (su.username, su.service, su.component, su.tenant)
                                = (lagging.username, v_service, v_component, v_pick.tenant);
+                        CONTINUE looks;
+                    END IF;
+                END IF;
+
+                -- A tenant with a cap or a rate limit: one more item must fit both, under the
+                -- tenant's row lock (admit_tenant). Else the tenant is passed over for the rest
+                -- of the batch, its other users with it.
+                IF v_pick.tenant_policed THEN
+                    SELECT * INTO v_admitted FROM admit_tenant(v_pick.tenant);
+                    IF v_admitted.limited IS NOT NULL THEN
+                        v_passed := v_passed || ROW(v_service, v_component, v_pick.tenant)::text;
+                        IF v_admitted.limited <> 'held' THEN
+                            limited := v_admitted.limited;
+                            retry_ms := least(retry_ms, v_admitted.retry_ms);
+                        END IF;
                         CONTINUE looks;
                     END IF;
                 END IF;
@@ -792,12 +859,20 @@ BEGIN
                      WHERE (uw.job_id, uw.step_index, uw.component)
                            = (item.job_id, item.step_index, v_component)
                 ), user_counts AS (
+                    -- A rate-limited user's bucket is billed; once empty, the user leaves the
+                    -- fair order until its next item is due (throttled_until).
                     UPDATE users u
                        SET running_count = u.running_count + 1,
-                           last_worked = v_at
+                           last_worked = v_at,
+                           next_free = CASE WHEN u.rate_per_second > 0 THEN
+                               bucket_charged(u.rate_per_second, u.next_free, 1) END,
+                           throttled_until = CASE WHEN u.rate_per_second > 0 THEN
+                               bucket_due(u.rate_per_second, u.burst,
+                                          bucket_charged(u.rate_per_second, u.next_free, 1))
+                           END
                      WHERE u.username = v_pick.username
                        AND EXISTS (SELECT 1 FROM item)
-                 RETURNING u.running_count
+                 RETURNING u.running_count, u.throttled_until IS NOT NULL AS throttled
                 ), queues AS (
                     -- Only the claimed queue's row: the user's rows in other queues keep
                     -- their copies, which now sort no later than the user does, and are
@@ -805,6 +880,7 @@ BEGIN
                     UPDATE service_users su
                        SET running_count = uc.running_count,
                            last_worked = v_at,
+                           throttled = uc.throttled,
                            ready_count = su.ready_count - 1,
                            local_ready = su.local_ready
                                - CASE WHEN v_path = '{}' THEN 1 ELSE 0 END,
@@ -838,6 +914,12 @@ BEGIN
                            = (v_pick.username, v_service, v_component, v_pick.tenant)
                        AND (a.path = v_path[1:1] OR a.path = v_path[1:2]
                             OR a.path = v_path[1:3]);
+                END IF;
+                IF v_pick.tenant_policed THEN
+                    UPDATE tenants t
+                       SET next_free = bucket_charged(t.rate_per_second, t.next_free, 1)
+                     WHERE t.tenant = v_pick.tenant
+                       AND t.rate_per_second > 0;
                 END IF;
                 -- The tenant's row (locked above when it had to be) takes the claim.
                 IF v_counted THEN

@@ -21,8 +21,10 @@ LANGUAGE plpgsql
 AS $tenant$
 BEGIN
     IF p_activate THEN
-        INSERT INTO tenant_queues AS tq (service, component, tenant, running_count)
-        VALUES (p_service, p_component, p_tenant, greatest(p_running, 0))
+        -- A new queue copies its tenant's weight, as PUT /admin/tenants keeps the copies.
+        INSERT INTO tenant_queues AS tq (service, component, tenant, running_count, weight)
+        VALUES (p_service, p_component, p_tenant, greatest(p_running, 0),
+                (SELECT t.weight FROM tenants t WHERE t.tenant = p_tenant))
             ON CONFLICT (service, component, tenant) DO UPDATE
            SET active = true,
                running_count = greatest(tq.running_count + p_running, 0);
