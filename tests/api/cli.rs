@@ -107,6 +107,63 @@ async fn admin_sets_and_shows_a_services_cap_and_rate_limit() {
 }
 
 #[tokio::test]
+async fn admin_sets_and_shows_user_and_tenant_weights_caps_and_rate_limits() {
+    let app = spawn_app().await;
+    let set = [
+        "admin",
+        "users",
+        "set",
+        "alice",
+        "--weight",
+        "3",
+        "--max-running",
+        "10",
+        "--rate",
+        "5",
+        "--burst",
+        "2",
+    ];
+    let table = succeed(&app, &set).await;
+    let row = table_row(&table, "alice");
+    assert_eq!(
+        (row.get("weight"), row.get("max running"), row.get("rate /s"), row.get("burst")),
+        (Some(&"3"), Some(&"10"), Some(&"5"), Some(&"2")),
+        "{table}"
+    );
+    // A flag left out keeps its value; --json prints the API's document.
+    succeed(&app, &["admin", "users", "set", "alice", "--max-running", "1"]).await;
+    let shown: Value =
+        serde_json::from_str(&succeed(&app, &["admin", "--json", "users", "show", "alice"]).await)
+            .expect("JSON");
+    let served: Value = app.get("/admin/users/alice").await.json().await.expect("JSON");
+    assert_eq!(shown[0], served);
+    assert_eq!((&served["weight"], &served["max_running"]), (&json!(3), &json!(1)));
+    // At her cap, the table says so.
+    app.submit_simple("alice", "svc", 2, true).await;
+    app.claim("svc").await.expect("an item");
+    let table = succeed(&app, &["admin", "users", "show", "alice"]).await;
+    assert_eq!(table_row(&table, "alice").get("state"), Some(&"at cap"), "{table}");
+
+    let set = ["admin", "tenants", "set", "acme", "--weight", "4", "--max-running", "7"];
+    let table = succeed(&app, &set).await;
+    let row = table_row(&table, "acme");
+    assert_eq!((row.get("weight"), row.get("max running")), (Some(&"4"), Some(&"7")), "{table}");
+    succeed(&app, &["admin", "tenants", "set", "acme", "--max-queriers", "2"]).await;
+    let tenant: Value = app.get("/admin/tenants/acme").await.json().await.expect("JSON");
+    assert_eq!((&tenant["weight"], &tenant["max_queriers"]), (&json!(4), &json!(2)));
+
+    for refused in [
+        &["admin", "users", "set", "alice", "--weight", "0"][..],
+        &["admin", "tenants", "set", "acme", "--weight", "1001"][..],
+    ] {
+        let output = run(&app, refused).await;
+        assert!(!output.status.success());
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert!(said.contains("weight"), "{said}");
+    }
+}
+
+#[tokio::test]
 async fn admin_tables_count_scheduled_items_apart_from_ready_ones() {
     let app = spawn_app().await;
     let later = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();

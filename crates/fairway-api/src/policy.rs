@@ -23,11 +23,16 @@ pub const MAX_BURST: i64 = 1_000_000;
 pub const MAX_WEIGHT: i64 = 1000;
 
 /// A change to a policy: the fields given, the rest kept as they are. A service has no weight.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// Serialized, it is the body of the `PUT` that makes it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct PolicyChange {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub weight: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_running: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_per_second: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub burst: Option<i32>,
 }
 

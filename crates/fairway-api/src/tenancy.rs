@@ -9,12 +9,15 @@ use crate::Invalid;
 
 /// A change to a tenant's limits and policy, as `PUT /admin/tenants/{tenant}` reads it: the
 /// fields given, the rest kept as they are.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct TenantChange {
     /// Queriers serving the tenant; 0 means all.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_queriers: Option<i32>,
     /// Ready items the tenant may have waiting; 0 means no limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_outstanding: Option<i32>,
+    #[serde(flatten)]
     pub policy: PolicyChange,
 }
 
@@ -78,4 +81,29 @@ pub struct QuerierDocument {
     pub leases: i64,
     /// The sharded tenants whose shard holds it (unsharded tenants are served by all).
     pub tenants: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_tenant_change_reads_its_limits_and_policy_and_writes_them_back() {
+        let body = json!({"max_queriers": 2, "weight": 3, "rate_per_second": 1.5});
+        let change = TenantChange::parse(&body).expect("valid");
+        assert_eq!(change.max_queriers, Some(2));
+        assert_eq!(change.max_outstanding, None);
+        assert_eq!((change.policy.weight, change.policy.rate_per_second), (Some(3), Some(1.5)));
+        assert_eq!(serde_json::to_value(change).expect("JSON"), body);
+        for (body, field) in [
+            (json!({"max_outstanding": -1}), "max_outstanding"),
+            (json!({"weight": 0}), "weight"),
+            (json!({"shards": 2}), "shards"),
+        ] {
+            let refused = TenantChange::parse(&body).expect_err("refused");
+            assert!(refused.message.starts_with(&format!("{field}: ")), "{}", refused.message);
+        }
+    }
 }

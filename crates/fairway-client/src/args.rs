@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
+use fairway_api::policy::PolicyChange;
 use fairway_api::positive_duration;
 
 /// How the command-line tools reach a broker.
@@ -45,8 +46,11 @@ pub enum AdminCommand {
         #[command(subcommand)]
         command: Option<ServiceCommand>,
     },
-    /// Rows of the fair order's user_work table: who has work where.
+    /// Rows of the fair order's user_work table: who has work where; or one user's policy.
+    #[command(args_conflicts_with_subcommands = true)]
     Users {
+        #[command(subcommand)]
+        command: Option<UserCommand>,
         /// Only this service's rows.
         #[arg(long)]
         service: Option<String>,
@@ -167,15 +171,36 @@ impl BulkAction {
 pub enum TenantCommand {
     /// One tenant.
     Show { tenant: String },
-    /// Set a tenant's limits, creating it if needed.
+    /// Set a tenant's limits and policy, creating it if needed; a flag left out keeps its value.
     Set {
         tenant: String,
         /// Queriers that serve the tenant; 0: all of them.
-        #[arg(long, default_value_t = 0)]
-        max_queriers: u32,
+        #[arg(long, value_parser = clap::value_parser!(i32).range(0..))]
+        max_queriers: Option<i32>,
         /// Most ready items the tenant may have waiting; 0: no limit.
-        #[arg(long, default_value_t = 0)]
-        max_outstanding: u32,
+        #[arg(long, value_parser = clap::value_parser!(i32).range(0..))]
+        max_outstanding: Option<i32>,
+        /// The tenant's share of the workers against other tenants' (1–1000).
+        #[arg(long, value_parser = clap::value_parser!(i32).range(1..=1000))]
+        weight: Option<i32>,
+        #[command(flatten)]
+        limits: LimitArgs,
+    },
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum UserCommand {
+    /// One user's weight, cap, rate limit and running items.
+    Show { user: String },
+    /// Set a user's weight, cap and rate limit, for a user not yet seen too; a flag left out
+    /// keeps its value. Every broker's claims obey it from their next batch.
+    Set {
+        user: String,
+        /// The user's share of the workers against other backlogged users' (1–1000).
+        #[arg(long, value_parser = clap::value_parser!(i32).range(1..=1000))]
+        weight: Option<i32>,
+        #[command(flatten)]
+        limits: LimitArgs,
     },
 }
 
@@ -187,16 +212,35 @@ pub enum ServiceCommand {
     /// its value. Every broker's claims obey it from their next batch.
     Set {
         service: String,
-        /// Most of its items running at once, over every broker; 0: no cap.
-        #[arg(long)]
-        max_running: Option<u32>,
-        /// Items handed out per second, over every broker; 0: no limit.
-        #[arg(long)]
-        rate: Option<f64>,
-        /// Items handed out at once after a quiet spell (at least 1).
-        #[arg(long)]
-        burst: Option<u32>,
+        #[command(flatten)]
+        limits: LimitArgs,
     },
+}
+
+/// A cap and a rate limit, as `set` takes them for users, tenants and services.
+#[derive(Debug, Clone, Args)]
+pub struct LimitArgs {
+    /// Most items running at once, over every broker; 0: no cap.
+    #[arg(long, value_parser = clap::value_parser!(i32).range(0..))]
+    pub max_running: Option<i32>,
+    /// Items handed out per second, over every broker; 0: no limit.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Items handed out at once after a quiet spell (at least 1).
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
+    pub burst: Option<i32>,
+}
+
+impl LimitArgs {
+    /// The change these flags make, with `weight` beside them.
+    pub fn change(&self, weight: Option<i32>) -> PolicyChange {
+        PolicyChange {
+            weight,
+            max_running: self.max_running,
+            rate_per_second: self.rate,
+            burst: self.burst,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Args)]

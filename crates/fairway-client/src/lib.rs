@@ -11,15 +11,15 @@ use std::time::Duration;
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 use thiserror::Error;
 
 use fairway_api::model::{
     ItemStatus, JobDocument, JobId, Mismatch, UserShare, UserWorkRow, WorkItem,
 };
-use fairway_api::policy::ServicePolicyDocument;
+use fairway_api::policy::{PolicyChange, ServicePolicyDocument, UserPolicyDocument};
 use fairway_api::summary::ServiceSummary;
-use fairway_api::tenancy::{QuerierDocument, TenantDocument};
+use fairway_api::tenancy::{QuerierDocument, TenantChange, TenantDocument};
 use fairway_api::tokens::TokenDocument;
 
 #[derive(Debug, Error)]
@@ -467,16 +467,15 @@ impl Client {
         decode(self.request(Method::GET, &path).send().await?).await
     }
 
-    /// Sets a tenant's limits (0: all queriers, no limit), creating it if needed.
+    /// Changes a tenant's limits and policy, creating it if needed: the values given; None
+    /// keeps a value.
     pub async fn set_tenant(
         &self,
         tenant: &str,
-        max_queriers: u32,
-        max_outstanding: u32,
+        change: &TenantChange,
     ) -> Result<TenantDocument, ClientError> {
         let path = format!("/admin/tenants/{tenant}");
-        let body = json!({ "max_queriers": max_queriers, "max_outstanding": max_outstanding });
-        decode(self.request(Method::PUT, &path).json(&body).send().await?).await
+        decode(self.request(Method::PUT, &path).json(change).send().await?).await
     }
 
     /// A service's cap, rate limit and running items.
@@ -492,23 +491,27 @@ impl Client {
     pub async fn set_service_policy(
         &self,
         service: &str,
-        max_running: Option<u32>,
-        rate_per_second: Option<f64>,
-        burst: Option<u32>,
+        change: &PolicyChange,
     ) -> Result<ServicePolicyDocument, ClientError> {
         let path = format!("/admin/services/{service}");
-        let mut body = serde_json::Map::new();
-        let fields = [
-            ("max_running", max_running.map(Value::from)),
-            ("rate_per_second", rate_per_second.map(Value::from)),
-            ("burst", burst.map(Value::from)),
-        ];
-        for (field, value) in fields {
-            if let Some(value) = value {
-                body.insert(field.to_owned(), value);
-            }
-        }
-        decode(self.request(Method::PUT, &path).json(&body).send().await?).await
+        decode(self.request(Method::PUT, &path).json(change).send().await?).await
+    }
+
+    /// A user's weight, cap, rate limit and running items.
+    pub async fn user_policy(&self, user: &str) -> Result<UserPolicyDocument, ClientError> {
+        let path = format!("/admin/users/{user}");
+        decode(self.request(Method::GET, &path).send().await?).await
+    }
+
+    /// Changes a user's weight, cap and rate limit, for a user not yet seen too: the values
+    /// given; None keeps a value.
+    pub async fn set_user_policy(
+        &self,
+        user: &str,
+        change: &PolicyChange,
+    ) -> Result<UserPolicyDocument, ClientError> {
+        let path = format!("/admin/users/{user}");
+        decode(self.request(Method::PUT, &path).json(change).send().await?).await
     }
 
     pub async fn queriers(&self) -> Result<Vec<QuerierDocument>, ClientError> {

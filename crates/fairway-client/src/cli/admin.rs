@@ -5,14 +5,14 @@ use serde::Serialize;
 
 use super::{client, CliError};
 use crate::args::{
-    AdminArgs, AdminCommand, JobCommand, ServiceCommand, TenantCommand, TokenCommand,
+    AdminArgs, AdminCommand, JobCommand, ServiceCommand, TenantCommand, TokenCommand, UserCommand,
 };
 use crate::JobAction;
 use crate::{Client, JobFilter};
 use fairway_api::model::{JobDocument, JobId, UserWorkRow};
-use fairway_api::policy::ServicePolicyDocument;
+use fairway_api::policy::{ServicePolicyDocument, UserPolicyDocument};
 use fairway_api::summary::ServiceSummary;
-use fairway_api::tenancy::{QuerierDocument, TenantDocument};
+use fairway_api::tenancy::{QuerierDocument, TenantChange, TenantDocument};
 use fairway_api::tokens::TokenDocument;
 
 pub async fn run(args: AdminArgs) -> Result<(), CliError> {
@@ -38,15 +38,22 @@ async fn run_command(args: AdminArgs) -> Result<(), CliError> {
         AdminCommand::Services { command: Some(ServiceCommand::Show { service }) } => {
             print.list(&[client.service_policy(&service).await?], policies_table)
         }
-        AdminCommand::Services {
-            command: Some(ServiceCommand::Set { service, max_running, rate, burst }),
-        } => {
-            let policy = client.set_service_policy(&service, max_running, rate, burst).await?;
+        AdminCommand::Services { command: Some(ServiceCommand::Set { service, limits }) } => {
+            let policy = client.set_service_policy(&service, &limits.change(None)).await?;
             print.list(&[policy], policies_table)
         }
-        AdminCommand::Users { service, user, limit } => {
+        AdminCommand::Users { command: None, service, user, limit } => {
             let rows = client.user_work(service.as_deref(), user.as_deref(), limit).await?;
             print.list(&rows, users_table)
+        }
+        AdminCommand::Users { command: Some(UserCommand::Show { user }), .. } => {
+            print.list(&[client.user_policy(&user).await?], user_policies_table)
+        }
+        AdminCommand::Users {
+            command: Some(UserCommand::Set { user, weight, limits }), ..
+        } => {
+            let policy = client.set_user_policy(&user, &limits.change(weight)).await?;
+            print.list(&[policy], user_policies_table)
         }
         AdminCommand::Jobs { command } => {
             let job = match command {
@@ -101,10 +108,12 @@ async fn run_command(args: AdminArgs) -> Result<(), CliError> {
             print.list(&[client.tenant(&tenant).await?], tenants_table)
         }
         AdminCommand::Tenants {
-            command: Some(TenantCommand::Set { tenant, max_queriers, max_outstanding }),
+            command:
+                Some(TenantCommand::Set { tenant, max_queriers, max_outstanding, weight, limits }),
         } => {
-            let tenant = client.set_tenant(&tenant, max_queriers, max_outstanding).await?;
-            print.list(&[tenant], tenants_table)
+            let change =
+                TenantChange { max_queriers, max_outstanding, policy: limits.change(weight) };
+            print.list(&[client.set_tenant(&tenant, &change).await?], tenants_table)
         }
         AdminCommand::Queriers => print.list(&client.queriers().await?, queriers_table),
         AdminCommand::Tokens { command } => tokens(&client, &print, command).await,
@@ -333,13 +342,48 @@ fn job_table(job: &JobDocument) -> Table {
     table
 }
 
+/// A cap or a rate as a table shows it: "none" for 0.
+fn or_none<T: PartialOrd + Default + ToString>(value: T) -> String {
+    if value > T::default() {
+        value.to_string()
+    } else {
+        "none".to_owned()
+    }
+}
+
+/// Whether claims pass the key over now, and why.
+fn held_back(at_cap: bool, throttled_until: Option<chrono::DateTime<chrono::Utc>>) -> String {
+    match (at_cap, throttled_until) {
+        (true, _) => "at cap".to_owned(),
+        (false, Some(due)) => format!("rate-limited until {}", due.format("%H:%M:%S%.3f")),
+        (false, None) => "served".to_owned(),
+    }
+}
+
 fn tenants_table(tenants: &[TenantDocument]) -> Table {
-    let mut table =
-        table(&["tenant", "max queriers", "max outstanding", "outstanding", "queriers"]);
+    let mut table = table(&[
+        "tenant",
+        "weight",
+        "max running",
+        "rate /s",
+        "burst",
+        "running",
+        "state",
+        "max queriers",
+        "max outstanding",
+        "outstanding",
+        "queriers",
+    ]);
     for tenant in tenants {
         let queriers = if tenant.sharded { tenant.queriers.join(", ") } else { "all".to_owned() };
         table.add_row(vec![
             tenant.tenant.clone(),
+            tenant.weight.to_string(),
+            or_none(tenant.max_running),
+            or_none(tenant.rate_per_second),
+            tenant.burst.to_string(),
+            tenant.running.to_string(),
+            held_back(tenant.at_cap, tenant.throttled_until),
             tenant.max_queriers.to_string(),
             tenant.max_outstanding.to_string(),
             tenant.outstanding.to_string(),
@@ -349,14 +393,30 @@ fn tenants_table(tenants: &[TenantDocument]) -> Table {
     table
 }
 
+fn user_policies_table(policies: &[UserPolicyDocument]) -> Table {
+    let mut table =
+        table(&["user", "weight", "max running", "rate /s", "burst", "running", "state"]);
+    for policy in policies {
+        table.add_row(vec![
+            policy.user.clone(),
+            policy.weight.to_string(),
+            or_none(policy.max_running),
+            or_none(policy.rate_per_second),
+            policy.burst.to_string(),
+            policy.running.to_string(),
+            held_back(policy.at_cap, policy.throttled_until),
+        ]);
+    }
+    table
+}
+
 fn policies_table(policies: &[ServicePolicyDocument]) -> Table {
     let mut table = table(&["service", "max running", "rate /s", "burst", "running"]);
-    let or_none = |set: bool, value: String| if set { value } else { "none".to_owned() };
     for policy in policies {
         table.add_row(vec![
             policy.service.clone(),
-            or_none(policy.max_running > 0, policy.max_running.to_string()),
-            or_none(policy.rate_per_second > 0.0, policy.rate_per_second.to_string()),
+            or_none(policy.max_running),
+            or_none(policy.rate_per_second),
             policy.burst.to_string(),
             policy.running.to_string(),
         ]);
