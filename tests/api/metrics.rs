@@ -340,3 +340,42 @@ async fn every_broker_shows_when_a_worker_last_asked_for_each_service() {
     let nobody = [("service", "nobody-serves")];
     assert_eq!(scraped.value("fairway_service_last_asked_timestamp_seconds", &nobody), None);
 }
+
+#[tokio::test]
+async fn held_back_keys_count_the_users_and_tenants_claims_pass_over() {
+    let mut args = ServeArgs::for_tests();
+    args.metrics.metrics_refresh = Duration::ZERO;
+    let app = spawn_app_with(args).await;
+    let svc = "policed";
+    let put = |path: String, body: serde_json::Value| {
+        let request = app.request(reqwest::Method::PUT, &path).json(&body);
+        async move { assert!(request.send().await.expect("PUT").status().is_success()) }
+    };
+    put("/admin/users/ann".into(), json!({ "max_running": 1 })).await;
+    put("/admin/users/bob".into(), json!({ "rate_per_second": 0.001 })).await;
+    put("/admin/tenants/acme".into(), json!({ "max_running": 1 })).await;
+    for user in ["ann", "bob"] {
+        app.submit_simple(user, svc, 3, true).await;
+    }
+    app.submit(json!({ "user": "cid", "tenant": "acme", "steps": [{ "service": svc }],
+                       "items": [{}, {}] }))
+        .await;
+    let held = |kind: &'static str, reason: &'static str| {
+        move |scraped: &Scrape| {
+            scraped.value(
+                "fairway_held_back_keys",
+                &[("service", svc), ("kind", kind), ("reason", reason)],
+            )
+        }
+    };
+    assert_eq!(held("user", "cap")(&scrape(&app).await), None, "nobody is held back yet");
+    // Each takes one item: ann reaches her cap, bob empties his bucket, acme reaches its cap.
+    let claimed = app.claim_with(&format!("service={svc}&querier=pod-0&max=3")).await;
+    assert_eq!(claimed.len(), 3);
+    assert!(app.claim_with(&format!("service={svc}&querier=pod-0&max=3")).await.is_empty());
+    let scraped = scrape(&app).await;
+    assert_eq!(held("user", "cap")(&scraped), Some(1.0));
+    assert_eq!(held("user", "rate")(&scraped), Some(1.0));
+    assert_eq!(held("tenant", "cap")(&scraped), Some(1.0));
+    assert_eq!(held("tenant", "rate")(&scraped), None);
+}

@@ -470,3 +470,30 @@ async fn user_and_tenant_rate_limits_hold_in_every_window_while_others_are_serve
     assert!(bob > ann.len() + slow.len(), "bob was served meanwhile: {bob}");
     first.assert_consistent().await;
 }
+
+#[tokio::test]
+async fn the_consistency_check_finds_policy_copies_that_would_strand_work() {
+    let app = spawn_app().await;
+    app.submit_simple("ann", "svc", 2, true).await;
+    submit_for(&app, "bob", "acme", "svc", 2).await;
+    put_tenant(&app, "acme", json!({"weight": 2})).await;
+    app.assert_consistent().await;
+    // A row that says its user's bucket is empty when it is not would keep her out of the order
+    // for good; so would a cap or weight the user does not have, or a tenant weight.
+    for drift in [
+        "UPDATE service_users SET throttled = true WHERE username = 'ann'",
+        "UPDATE service_users SET max_running = 1, weight = 5 WHERE username = 'bob'",
+        "UPDATE tenant_queues SET weight = 1 WHERE tenant = 'acme'",
+    ] {
+        app.db.execute(drift, &[]).await.expect("drift");
+    }
+    let body: Value = app.get("/admin/consistency").await.json().await.expect("JSON");
+    assert_eq!(body["consistent"], false);
+    let mismatches = body["mismatches"].as_array().expect("mismatches");
+    let tables: Vec<(&str, &Value)> =
+        mismatches.iter().map(|m| (m["table"].as_str().expect("table"), &m["key"])).collect();
+    assert_eq!(mismatches.len(), 3, "{body:#}");
+    assert!(tables.iter().any(|(t, key)| *t == "service_users" && key["user"] == "ann"));
+    assert!(tables.iter().any(|(t, key)| *t == "service_users" && key["user"] == "bob"));
+    assert!(tables.iter().any(|(t, key)| *t == "tenant_queues" && key["tenant"] == "acme"));
+}

@@ -132,6 +132,7 @@ pub struct Metrics {
     work_items: GaugeVec,
     oldest_ready_age: GaugeVec,
     active_users: GaugeVec,
+    held_back: GaugeVec,
     last_asked: GaugeVec,
     waiting_workers: IntGaugeVec,
     pool_connections: IntGaugeVec,
@@ -292,6 +293,12 @@ impl Metrics {
                 "fairway_active_users",
                 "Users with ready or running items.",
                 &tenant(&["service"]),
+            )?,
+            held_back: gauge(
+                "fairway_held_back_keys",
+                "Users and tenants with work for the service that claims pass over now: kind \
+                 user or tenant, reason cap (at max_running) or rate (bucket empty).",
+                &["service", "kind", "reason"],
             )?,
             last_asked: gauge(
                 "fairway_service_last_asked_timestamp_seconds",
@@ -539,6 +546,7 @@ impl Metrics {
         self.work_items.reset();
         self.oldest_ready_age.reset();
         self.active_users.reset();
+        self.held_back.reset();
         for (service, tenant) in seen {
             let labels = self.series(service, tenant.as_deref());
             for state in STATES {
@@ -555,6 +563,12 @@ impl Metrics {
                 if per_tenant == self.tenant_label {
                     let labels = self.series(&row.service, row.tenant.as_deref());
                     self.active_users.with_label_values(&labels).set(row.value);
+                }
+                continue;
+            }
+            if let Some(held) = row.measure.strip_prefix("held_") {
+                if let Some((kind, reason)) = held.split_once('_') {
+                    self.held_back.with_label_values(&[&row.service, kind, reason]).set(row.value);
                 }
                 continue;
             }

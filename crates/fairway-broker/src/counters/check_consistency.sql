@@ -67,10 +67,13 @@ WITH work AS (
            jsonb_build_object(
                'ready_count', su.ready_count, 'running_count', su.running_count,
                'last_worked', su.last_worked, 'local_ready', su.local_ready,
-               'local_running', su.local_running, 'local_last_worked', su.local_last_worked
+               'local_running', su.local_running, 'local_last_worked', su.local_last_worked,
+               'weight', su.weight, 'max_running', su.max_running, 'throttled', su.throttled
            ) AS recorded,
            -- The copies of the user's counts may lag the users row (a claim moves only the
-           -- queue it claims from), never lead it.
+           -- queue it claims from), never lead it. The weight and cap are copied whenever they
+           -- change; a row may not know yet that its user's bucket emptied, but one that says
+           -- so of a user whose bucket has refilled would keep the user out of the order.
            jsonb_build_object(
                'ready_count', coalesce(c.ready, 0),
                'running_count', CASE WHEN su.running_count <= u.running_count
@@ -80,7 +83,9 @@ WITH work AS (
                                    THEN su.last_worked ELSE u.last_worked END,
                'local_ready', coalesce(c.local_ready, 0),
                'local_running', coalesce(c.local_running, 0),
-               'local_last_worked', c.local_last_worked
+               'local_last_worked', c.local_last_worked,
+               'weight', u.weight, 'max_running', u.max_running,
+               'throttled', su.throttled AND u.throttled_until IS NOT NULL
            ) AS actual
       FROM service_users su
       FULL JOIN claimable c USING (service, component, tenant, username)
@@ -126,6 +131,13 @@ WITH work AS (
                 WHERE (tq.service, tq.component, tq.tenant) = (c.service, c.component, c.tenant)
                   AND tq.active
            )
+), tenant_weights AS (
+    -- Each tenant queue orders by its tenant's weight, copied whenever it changes.
+    SELECT tq.service, tq.component, tq.tenant,
+           jsonb_build_object('weight', tq.weight) AS recorded,
+           jsonb_build_object('weight', t.weight) AS actual
+      FROM tenant_queues tq
+      JOIN tenants t ON t.tenant = tq.tenant
 ), strategy_actual AS (
     -- Running items per (service, metadata key, value), counted from the items.
     SELECT uw.service, m.key, m.value, count(*)::integer AS running
@@ -205,6 +217,13 @@ SELECT 'tenant_queues',
        jsonb_build_object('active', false),
        jsonb_build_object('active', true)
   FROM unlisted_tenants
+UNION ALL
+SELECT 'tenant_queues',
+       jsonb_build_object('service', service, 'component', component, 'tenant', tenant),
+       recorded,
+       actual
+  FROM tenant_weights
+ WHERE recorded <> actual
 UNION ALL
 SELECT 'strategy_running',
        jsonb_build_object('service', service, 'key', key, 'value', value),

@@ -9,7 +9,11 @@
 --   scheduled: the steps' scheduled counts (the user_work_scheduled index);
 --   oldest_ready: each step with claimable items (user_work_claimable) and its first ready
 --     item, one probe of work_items_ready from where the step's claims start reading;
---   active_users: users with ready or running items, per tenant and over all tenants.
+--   active_users: users with ready or running items, per tenant and over all tenants;
+--   held_user_cap, held_user_rate: users with claimable work that the fair order leaves out
+--     at their cap or with an empty bucket (their service_users rows' in_order);
+--   held_tenant_cap, held_tenant_rate: tenants with a policy and active queues of the service
+--     at their cap (counted from the leases) or with an empty bucket.
 -- Rows: {service, tenant (null: every tenant), measure, value}; oldest_ready is the oldest
 -- ready item's creation time, in seconds since the epoch.
 WITH due AS (
@@ -74,6 +78,28 @@ WITH due AS (
     SELECT service, tenant, 'active_users', count(*)::float8
       FROM active
      GROUP BY GROUPING SETS ((service, tenant), (service))
+     UNION ALL
+    SELECT su.service, NULL,
+           CASE WHEN su.throttled THEN 'held_user_rate' ELSE 'held_user_cap' END,
+           count(DISTINCT su.username)::float8
+      FROM service_users su
+     WHERE su.ready_count > 0
+       AND NOT su.in_order
+     GROUP BY su.service, su.throttled
+     UNION ALL
+    SELECT policed.service, NULL, policed.measure, count(*)::float8
+      FROM (SELECT DISTINCT tq.service, t.tenant,
+                   CASE WHEN t.max_running > 0 AND tenant_running(t.tenant) >= t.max_running
+                        THEN 'held_tenant_cap'
+                        WHEN t.rate_per_second > 0
+                             AND bucket_tokens(t.rate_per_second, t.burst, t.next_free) = 0
+                        THEN 'held_tenant_rate'
+                   END AS measure
+              FROM tenants t
+              JOIN tenant_queues tq ON tq.tenant = t.tenant AND tq.active
+             WHERE t.max_running > 0 OR t.rate_per_second > 0) policed
+     WHERE policed.measure IS NOT NULL
+     GROUP BY policed.service, policed.measure
 ), taken AS (
     UPDATE metrics_snapshot
        SET taken_at = now(),
