@@ -255,6 +255,25 @@ const ONE_TENANT_ACTIVE: &str = "UPDATE tenant_queues
 /// leave them: a setup step, not a statement of the claim's.
 const USERS_AHEAD_OF_THEIR_ROWS: &str = "UPDATE users SET running_count = running_count + 1";
 
+/// Weighs, caps and rate-limits a tenth of the users, leaves another tenth out of the order with
+/// buckets now due again, and caps and rate-limits every tenant: a setup step, one statement.
+const USERS_AND_TENANTS_POLICED: &str = "WITH weighed AS (
+        UPDATE users SET weight = 1 + length(username) % 8, max_running = 1000,
+                         rate_per_second = 1000, burst = 100
+         WHERE username LIKE '%1' RETURNING username, weight, max_running
+    ), copied AS (
+        UPDATE service_users su SET weight = w.weight, max_running = w.max_running
+          FROM weighed w WHERE su.username = w.username
+    ), due AS (
+        UPDATE users SET throttled_until = now() - interval '1 second', rate_per_second = 1
+         WHERE username LIKE '%2' RETURNING username
+    ), left_out AS (
+        UPDATE service_users su SET throttled = true FROM due WHERE su.username = due.username
+    ), weighed_queues AS (
+        UPDATE tenant_queues SET weight = 3
+    )
+    UPDATE tenants SET weight = 3, max_running = 1000000, rate_per_second = 1000, burst = 100";
+
 /// Claims for 30 workers of `querier` in one batch.
 fn claims(querier: &str) -> String {
     format!(
@@ -394,6 +413,25 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
                 && nodes(plan).iter().any(|node| node["Index Name"] == "work_items_leases")),
             "a capped service's running items are not counted from work_items_leases ({mode})"
         );
+        plans.extend(policed);
+        // Weighted, capped and rate-limited users and tenants: the users whose buckets came
+        // due are found by users_throttled, and a tenant's running items are counted from the
+        // leases index.
+        let what = format!("claims of policed users and tenants ({mode})");
+        let setup = USERS_AND_TENANTS_POLICED;
+        let policed =
+            claim_plans_after(&db, &mut notices, setup, "throttled_until <=", &what).await;
+        for (index, what) in [
+            ("users_throttled", "the users whose buckets came due"),
+            ("work_items_leases", "a tenant's running items"),
+        ] {
+            assert!(
+                policed
+                    .iter()
+                    .any(|(_, plan)| nodes(plan).iter().any(|node| node["Index Name"] == index)),
+                "{what} are not read from {index} ({mode})"
+            );
+        }
         plans.extend(policed);
         // The promoter: its due items from work_items_scheduled, a batch of them made ready.
         let promotion =
