@@ -149,7 +149,7 @@ mod tests {
     use super::*;
 
     /// The digest of the files at [`REVISION`].
-    const PINNED_DIGEST: &str = "98e73760625048e1f81252abba503855faccc46453f706e8c83069864b90128d";
+    const PINNED_DIGEST: &str = "1ca7e377ae60313280eee14edcd3a4ef0ba2a0cb9b5b68ed4ef1df654946da1a";
 
     #[test]
     fn the_digest_is_pinned_for_this_revision() {

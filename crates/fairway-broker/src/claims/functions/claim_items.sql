@@ -330,6 +330,8 @@ BEGIN
                         actor := '{}';
                         passed_over := false;
                         traceparent := v_set.traceparent;
+                        limited := v_limited[v_set.request];
+                        retry_ms := v_retry_ms[v_set.request];
                         RETURN NEXT;
                     END LOOP;
                     EXIT WHEN v_set_claimed = 0 OR v_set_missed;
