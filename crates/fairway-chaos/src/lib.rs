@@ -25,7 +25,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 
 use crate::args::ChaosArgs;
-use crate::sql::{ITEM_TOTALS, JOB_OUTCOMES, LOST_CLAIMS, LOST_ENDINGS, LOST_JOBS};
+use crate::sql::{
+    CAP_PEAKS, ITEM_TOTALS, JOB_OUTCOMES, LOST_CLAIMS, LOST_ENDINGS, LOST_JOBS, WATCH_CAPS,
+};
 use drive::{Record, Refusal};
 use fairway_api::model::JobStatus;
 use fairway_broker::db::{self, DbError};
@@ -438,6 +440,8 @@ async fn suite(
     // The suite's own reads follow the primary too, to check the promoted database.
     let pool = db::pool::connect(&fairway_devdb::parse_config(&failover_url)?, 2)?;
     let load = Load::new(brokers.clients.clone());
+    pool.get().await?.batch_execute(WATCH_CAPS).await?;
+    load::set_policies(&brokers.clients[0]).await?;
     let mut drive = Drive::start(&brokers, args, DIE_PER_MILLE)?;
     let producers = load.start(PACE);
     println!(
@@ -607,6 +611,7 @@ async fn suite(
         }
     }
     failures.extend(lost_acknowledged(&pool, &tracked, &record).await?);
+    failures.extend(cap_breaches(&pool).await?);
     let consistency = brokers.clients[0].consistency().await?;
     if !consistency.consistent {
         failures.push(format!(
@@ -734,6 +739,26 @@ async fn lost_acknowledged(
         ));
     }
     Ok(failures)
+}
+
+/// The most items each capped user, tenant and service had running, as the database recorded
+/// it (watch_caps.sql), printed; a peak past its cap is a failure.
+async fn cap_breaches(pool: &deadpool_postgres::Pool) -> Result<Vec<String>, ChaosError> {
+    let client = pool.get().await?;
+    let mut breaches = Vec::new();
+    println!("capped keys' peaks (the database's own count after each claim):");
+    for row in sql::query(&client, CAP_PEAKS, &[]).await? {
+        let (kind, key): (String, String) = (row.try_get(0)?, row.try_get(1)?);
+        let (peak, cap, at): (i64, i32, String) =
+            (row.try_get(2)?, row.try_get(3)?, row.try_get(4)?);
+        println!("  {kind} {key}: {peak} running at most, cap {cap}");
+        if peak > i64::from(cap) {
+            breaches.push(format!(
+                "{kind} {key} had {peak} items running past its cap of {cap} at {at}"
+            ));
+        }
+    }
+    Ok(breaches)
 }
 
 fn report_fault(fault: String, recovered: Option<Duration>, what: &str) -> Fault {

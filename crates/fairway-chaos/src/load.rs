@@ -1,5 +1,6 @@
 //! The fault suite's producers: asynchronous jobs submitted at a steady pace, and synchronous
-//! users who each submit a job and wait for it, over two tenants and three workflow shapes.
+//! users who each submit a job and wait for it, over two tenants and three workflow shapes,
+//! under policies that weigh, cap and rate-limit some of them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,7 +12,9 @@ use tokio_util::sync::CancellationToken;
 use super::drive::Refusal;
 use super::{now_ms, IDLE_SERVICE, SERVICES};
 use fairway_api::model::{JobDocument, JobId, JobStatus};
-use fairway_client::Client;
+use fairway_api::policy::PolicyChange;
+use fairway_api::tenancy::TenantChange;
+use fairway_client::{Client, ClientError};
 
 const TENANTS: [&str; 2] = ["tenant-a", "tenant-b"];
 const USERS_PER_TENANT: u64 = 4;
@@ -21,6 +24,35 @@ const SYNC_USERS: u64 = 4;
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// How long one request for a job's end waits at the broker.
 const JOB_WAIT: Duration = Duration::from_secs(20);
+
+/// The users' policies the suite runs under: two weighted users, a capped one and a
+/// rate-limited one. Their names are those `async_job` gives.
+const USER_POLICIES: [(&str, PolicyChange); 4] = [
+    ("tenant-a-user-0", PolicyChange { weight: Some(4), ..NO_CHANGE }),
+    ("tenant-a-user-1", PolicyChange { weight: Some(2), ..NO_CHANGE }),
+    ("tenant-a-user-2", PolicyChange { max_running: Some(2), ..NO_CHANGE }),
+    ("tenant-b-user-1", PolicyChange { rate_per_second: Some(20.0), burst: Some(4), ..NO_CHANGE }),
+];
+
+/// The capped tenant, and its cap: below what the workers could run of it.
+const CAPPED_TENANT: (&str, i32) = ("tenant-b", 10);
+
+const NO_CHANGE: PolicyChange =
+    PolicyChange { weight: None, max_running: None, rate_per_second: None, burst: None };
+
+/// Sets the suite's policies, before any work arrives.
+pub async fn set_policies(client: &Client) -> Result<(), ClientError> {
+    for (user, change) in &USER_POLICIES {
+        client.set_user_policy(user, change).await?;
+    }
+    let (tenant, cap) = CAPPED_TENANT;
+    let change = TenantChange {
+        policy: PolicyChange { max_running: Some(cap), ..NO_CHANGE },
+        ..TenantChange::default()
+    };
+    client.set_tenant(tenant, &change).await?;
+    Ok(())
+}
 
 /// A job the suite submitted and the items each of its steps must end with.
 #[derive(Debug, Clone)]

@@ -3,12 +3,14 @@
 
 fairway_broker::statements! {
     "../sql/";
+    CAP_PEAKS = "cap_peaks";
     ITEM_TOTALS = "item_totals";
     JOB_OUTCOMES = "job_outcomes";
     LOST_CLAIMS = "lost_claims";
     LOST_ENDINGS = "lost_endings";
     LOST_JOBS = "lost_jobs";
     RELATION_SIZES = "relation_sizes";
+    WATCH_CAPS = "watch_caps";
 }
 
 pub use fairway_broker::db::sql::*;
