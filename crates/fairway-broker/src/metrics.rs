@@ -241,8 +241,9 @@ impl Metrics {
             )?,
             passed_over: counter(
                 "fairway_claims_passed_over_total",
-                "Claims that got fewer items than they asked for because a service's policy \
-                 held them back: its cap on running items (cap) or its rate limit (rate).",
+                "Claims that came back empty because a policy held them back: a service's, or \
+                 that of every user or tenant with work, at its cap on running items (cap) or \
+                 out of its rate limit (rate).",
                 &["reason"],
             )?,
             ending_deferrals: counter(
