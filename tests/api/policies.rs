@@ -497,3 +497,18 @@ async fn the_consistency_check_finds_policy_copies_that_would_strand_work() {
     assert!(tables.iter().any(|(t, key)| *t == "service_users" && key["user"] == "bob"));
     assert!(tables.iter().any(|(t, key)| *t == "tenant_queues" && key["tenant"] == "acme"));
 }
+
+#[tokio::test]
+async fn backlogged_tenants_share_the_workers_in_proportion_to_their_weights() {
+    let app = spawn_app().await;
+    put_tenant(&app, "heavy", json!({"weight": 3})).await;
+    submit_for(&app, "hana", "heavy", "svc", 20).await;
+    submit_for(&app, "lars", "light", "svc", 20).await;
+    let mut held = std::collections::BTreeMap::<String, usize>::new();
+    for worker in 0..8 {
+        let item = app.claim_with(&format!("service=svc&querier=pod-{worker}&worker=0")).await;
+        *held.entry(item[0]["tenant"].as_str().expect("tenant").to_owned()).or_default() += 1;
+    }
+    assert_eq!((held["heavy"], held["light"]), (6, 2), "{held:?}");
+    app.assert_consistent().await;
+}

@@ -149,7 +149,7 @@ mod tests {
     use super::*;
 
     /// The digest of the files at [`REVISION`].
-    const PINNED_DIGEST: &str = "1ca7e377ae60313280eee14edcd3a4ef0ba2a0cb9b5b68ed4ef1df654946da1a";
+    const PINNED_DIGEST: &str = "1da362885d78c6612b78c403c0e1feed8980804ddf336a7af8ad92803aae82df";
 
     #[test]
     fn the_digest_is_pinned_for_this_revision() {

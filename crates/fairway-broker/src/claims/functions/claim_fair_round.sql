@@ -4,17 +4,19 @@
 -- claimable work and one tenant competing for it: then the order is that tenant's users alone
 -- (claim_items step 3).
 --
--- Why the head says it: serving a user at k items in progress moves it to (k + 1, now),
--- behind everyone at k + 1 who was there before. So the picks go level by level, k, k + 1,
--- ...: at each level first the users who started there, in the order's own order, then those
--- raised to it, in the order they were raised. Read from the head of the order, this sequence
--- is exact up to the level of the first row the head cannot vouch for: the row where the LIMIT
--- cut it (users beyond it may start at its level), or a row whose copies lag its user's counts
--- or whose user has work under actors (the order then goes down the actor tree). A user's
--- later picks take further items of its step when that step is its only claimable one; with
--- more steps the next pick may go to another step, so the sequence stops there. Each pick is
--- stamped a microsecond after the one before, so that they keep their order in last_worked.
--- The caller takes the rest one pick at a time.
+-- Why the head says it: serving a user at share s (running items × 1,000,000 / weight) moves
+-- it to (its next share, now), behind everyone at that share who was there before. So the picks
+-- go in order of share: at each share first the users who started there, in the order's own
+-- order, then those raised to it, in the order they were raised (sort_key below). Read from the
+-- head of the order, this sequence is exact up to the share of the first row the head cannot
+-- vouch for: the row where the LIMIT cut it (users beyond it may start at its share), or a row
+-- whose copies lag its user's counts or policy, or whose user has work under actors (the order
+-- then goes down the actor tree). A user's later picks take further items of its step when that
+-- step is its only claimable one, as far as its cap and bucket allow; with more steps the next
+-- pick may go to another step, so the sequence stops there. Each pick is stamped a microsecond
+-- after the one before, so that they keep their order in last_worked. The caller takes the rest
+-- one pick at a time; a tenant with a cap or a rate limit it takes one pick at a time from the
+-- start (admit_tenant).
 --
 -- Arguments: the service, querier and component; p_slots, one element per item the run still
 -- wants, in the order they are served: the request it is for (an index into p_workers and
@@ -172,7 +174,8 @@ BEGIN
                   FROM head h
                  WHERE h.share <= (SELECT min((m.running_count + 1)::bigint * 1000000 / m.weight)
                                      FROM head m))
-                   AS one_pick_each
+                   AS one_pick_each,
+               (SELECT bool_or(h.weight > 1) FROM head h) AS weighted
     ), steps AS MATERIALIZED (
         -- Each usable user's best step, and, where it may take more than one pick, whether
         -- that is its only claimable step: such a user takes successive items of it; a user
@@ -216,14 +219,19 @@ BEGIN
         -- progress. At a share, those that started there go first (worked longest ago), then
         -- those raised to it, in the order they were raised: so a pick sorts by its share, then
         -- by its user's previous pick, recursively, down to the user's place in the head
-        -- (sort_key, compared as an array; -1 marks the start, below every share). A user with
+        -- (sort_key, compared as an array; -1 marks the start, below every share). Where every
+        -- weight is 1, the shares a user passes are one level apart, and the previous picks'
+        -- order is the users' running counts, highest first, then their places. A user with
         -- another step takes its second pick from whichever step is then best: that pick is a
         -- wall the set stops at. Picks go up to share_cap, and no further than the user's cap
         -- and bucket allow: a user at either has left the order.
         SELECT s.*, k + 1 AS nth,
-               ARRAY(SELECT (s.running_count + j)::bigint * 1000000 / s.weight
-                       FROM generate_series(k, 0, -1) j)
-                   || ARRAY[-1, s.place] AS sort_key,
+               (s.running_count + k)::bigint * 1000000 / s.weight AS pick_share,
+               CASE WHEN b.weighted THEN
+                   ARRAY(SELECT (s.running_count + j)::bigint * 1000000 / s.weight
+                           FROM generate_series(k, 0, -1) j)
+                   || ARRAY[-1, s.place]
+               END AS sort_key,
                (k = 0 OR s.only_step)
                AND (b.known_share IS NULL
                     OR (s.running_count + k)::bigint * 1000000 / s.weight < b.known_share
@@ -243,7 +251,10 @@ BEGIN
                p_slots[q.seq] AS request,
                v_at + (q.seq - 1) * interval '1 microsecond' AS at
           FROM (SELECT o.*, bool_and(o.exact) OVER (ORDER BY o.seq) AS in_prefix
-                  FROM (SELECT p.*, row_number() OVER (ORDER BY p.sort_key) AS seq
+                  FROM (SELECT p.*,
+                               row_number() OVER (ORDER BY p.pick_share, p.sort_key,
+                                                           p.running_count DESC, p.place)
+                                   AS seq
                           FROM picks p) o) q
          WHERE q.in_prefix
            AND q.seq <= cardinality(p_slots)

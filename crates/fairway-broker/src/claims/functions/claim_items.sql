@@ -12,14 +12,18 @@
 -- 1. Component: those with claimable work for the service (an active tenant queue), in name
 --    order, visited from the worker's slot modulo their number, wrapping, until one yields a
 --    user.
--- 2. Tenant, within the component: active tenant_queues rows by work in progress, then least
---    recently worked, leaving out tenants sharded to other queriers.
+-- 2. Tenant, within the component: active tenant_queues rows by work in progress divided by
+--    the tenant's weight (share), then least recently worked, leaving out tenants sharded to
+--    other queriers. A tenant with a cap or a rate limit is admitted item by item under its
+--    row's lock (admit_tenant), and passed over for the rest of the batch when full.
 -- 3. User, within the tenant: the first in service_users_fair_order (least work in progress
---    over all services, then least recently worked) whose users row is free. SKIP LOCKED sends
+--    over all services divided by the user's weight, then least recently worked) whose users
+--    row is free, among the users in the order: one at its cap or with an empty bucket has
+--    left the index (in_order) until an ending or its due time puts it back. SKIP LOCKED sends
 --    a concurrent claimer on to the next user, tenant or component instead of queueing. A
---    queue row's copies of the user's counts may lag them, never lead: a row found lagging at
---    the head is brought level (with the lagging rows of free users just behind it) and the
---    order read again, so the first level row is the user that truly goes first.
+--    queue row's copies of the user's counts and policy may lag them, never lead: a row found
+--    lagging at the head is brought level (with the lagging rows of free users just behind it)
+--    and the order read again, so the first level row is the user that truly goes first.
 -- 4. Down the user's actor tree: a node's best child actor goes before the node's own jobs when
 --    it has less work in progress, or as much and was worked less recently (never worked counts
 --    as longest ago). Skipped when none of the user's ready work is under an actor.
@@ -59,11 +63,18 @@
 -- transaction held its user or its capped value's row (so that looking again may find it).
 --
 -- A request of a service with a cap or a rate limit takes at most what admit_services allows
--- it, and the items taken are billed to the service's bucket last (charge_services).
+-- it, and the items taken are billed to the service's bucket last (charge_services). A user's
+-- bucket is billed with its users row, a tenant's with its tenants row, item by item. A
+-- strategy's step whose user is at its cap or out of tokens is passed over, as is one of a
+-- full tenant. A request that got nothing because of a policy says so in limited.
+--
+-- Each batch puts back into the order the users whose buckets have come due, before its first
+-- item.
 --
 -- Locks, in the order every transaction keeps: the service_policies rows of capped or limited
 -- services, in service order (admit_services); the tenant rows with logged changes, folded
--- next (fold_tenant_running_changes); then per item the user's users row (SKIP LOCKED), a
+-- next (fold_tenant_running_changes); the users rows whose buckets came due (SKIP LOCKED); then
+-- per item the user's users row (SKIP LOCKED), a policed tenant's tenants row (SKIP LOCKED), a
 -- capped value's strategy_running row (SKIP LOCKED), the item, the counter rows; the tenant's
 -- row last. A claim waits for a tenant row only when it
 -- sorts after every tenant row the transaction holds, the order apply_tenant_deltas takes them
@@ -173,6 +184,8 @@ DECLARE
     -- Service policies: why each request was cut, and how many items each took, to bill
     -- (all NULL in a batch no policy touches).
     v_policed boolean;
+    -- Whether some user's bucket has come due, so that its rows go back into the order.
+    v_users_due boolean;
     v_admitted record;
     v_user record;
     v_limited text[];
@@ -181,11 +194,13 @@ DECLARE
 BEGIN
     -- Capped and rate-limited services first, before anything else is locked: each request's
     -- max is cut to what its service's policy still allows (admit_services). A batch of
-    -- services without a policy pays this one probe.
-    v_policed := EXISTS (SELECT 1
-                           FROM service_policies sp
-                          WHERE sp.service = ANY (p_services)
-                            AND (sp.max_running > 0 OR sp.rate_per_second > 0));
+    -- services without a policy, and with no user's bucket come due, pays this one statement.
+    SELECT EXISTS (SELECT 1
+                     FROM service_policies sp
+                    WHERE sp.service = ANY (p_services)
+                      AND (sp.max_running > 0 OR sp.rate_per_second > 0)),
+           EXISTS (SELECT 1 FROM users u WHERE u.throttled_until <= now())
+      INTO v_policed, v_users_due;
     IF v_policed THEN
         v_taken := array_fill(0, ARRAY[cardinality(p_services)]);
         FOR v_admitted IN SELECT * FROM admit_services(p_services, p_maxes) LOOP
@@ -197,31 +212,33 @@ BEGIN
     limited := NULL;
     retry_ms := NULL;
 
-    -- Users whose rate limit's next item has come due go back into the fair order: their rows
-    -- there left it when their buckets emptied (see the users update below).
-    WITH due AS (
-        SELECT u.username
-          FROM users u
-         WHERE u.throttled_until <= now()
-           FOR NO KEY UPDATE SKIP LOCKED
-    ), released AS (
-        UPDATE users u
-           SET throttled_until = NULL
-          FROM due
-         WHERE u.username = due.username
-    )
-    UPDATE service_users su
-       SET throttled = false
-      FROM due
-     WHERE su.username = due.username
-       AND su.throttled;
-
     -- The running-count changes logged since the last batch, first: the tenant order below
     -- reads the counts. The rows folded are held from here on, so the greatest is the bound
     -- below which this transaction's claims may not wait.
     SELECT f.service, f.component, f.tenant
       INTO v_held_service, v_held_component, v_held_tenant
       FROM fold_tenant_running_changes() f;
+
+    -- Users whose rate limit's next item has come due go back into the fair order: their rows
+    -- there left it when their buckets emptied (see the users update below).
+    IF v_users_due THEN
+        WITH due AS (
+            SELECT u.username
+              FROM users u
+             WHERE u.throttled_until <= now()
+               FOR NO KEY UPDATE SKIP LOCKED
+        ), released AS (
+            UPDATE users u
+               SET throttled_until = NULL
+              FROM due
+             WHERE u.username = due.username
+        )
+        UPDATE service_users su
+           SET throttled = false
+          FROM due
+         WHERE su.username = due.username
+           AND su.throttled;
+    END IF;
 
     -- In (service, querier) order, so that the membership check and the component list are
     -- made once per querier and service in the batch.
