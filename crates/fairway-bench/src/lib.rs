@@ -96,6 +96,7 @@ async fn run_matrix(args: &BenchArgs, admin_config: &Database) -> Result<Report,
         services: 1,
         claim_every_service: false,
         metadata: args.paths.iter().any(|path| path.strategy().is_some()),
+        policies: false,
     };
     // The wide claims run at their points beside the others, on the same seed.
     let wide: Vec<BenchPath> = [
@@ -159,6 +160,21 @@ async fn run_matrix(args: &BenchArgs, admin_config: &Database) -> Result<Report,
             }
         }
     }
+    // Users with policies, and the same point without them, back to back on the same seed.
+    if args.paths.contains(&BenchPath::Fair) {
+        for (policies, name) in [(false, NO_POLICIES_PATH), (true, POLICIES_PATH)] {
+            let point = Point {
+                users: COMPETING_TENANTS_USERS,
+                backlog: COMPETING_TENANTS_BACKLOG,
+                partitions: seed::Partitions { policies, ..partitions },
+            };
+            let legs = [(BenchPath::Fair, usize::from(args.max))];
+            for mut run in run_point(args, admin_config, point, &legs, &mut postgres).await? {
+                run.path = name.to_owned();
+                runs.push(run);
+            }
+        }
+    }
     if args.wakeup_trials > 0 {
         runs.extend(run_wakeups(args, admin_config).await?);
     }
@@ -173,6 +189,10 @@ const COMPETING_TENANTS_BACKLOG: usize = 10_000;
 pub const COMPETING_TENANTS_PATH: &str = "fair_tenants";
 pub const SERVICES_PER_USER_PATH: &str = "fair_services";
 pub const EVERY_SERVICE_PATH: &str = "fair_every_service";
+/// `fair` where a third of the users are weighted 1 to 8, a tenth capped and a tenth
+/// rate-limited, and the same point with no policy, run just before it.
+pub const POLICIES_PATH: &str = "fair_policies";
+pub const NO_POLICIES_PATH: &str = "fair_no_policies";
 
 /// The wake-up measurements' paths: a worker's, and a producer's waiting for its job.
 pub const WAKEUP_PATH: &str = "wakeup";
@@ -395,13 +415,17 @@ async fn run_path(
     latencies.sort_unstable();
     let millis = |q| stats::percentile(&latencies, q).map(|micros| micros / 1000.0);
     let seconds = measured.elapsed.as_secs_f64();
-    let served_waiting: Vec<u64> = measured
+    // Over the users who stayed backlogged and whose share their weight decides: each one's
+    // items divided by its weight (all 1 but where the seed has policies).
+    let served_waiting: Vec<f64> = measured
         .per_user
         .iter()
         .zip(&waiting)
-        .filter(|(_, waits)| **waits)
-        .map(|(served, _)| *served)
+        .zip(seeded.weights.iter().zip(&seeded.held))
+        .filter(|((_, waits), (_, held))| **waits && !**held)
+        .map(|((served, _), (weight, _))| *served as f64 / *weight as f64)
         .collect();
+    let weighted = seeded.weights.iter().any(|weight| *weight > 1);
     Ok(Run {
         path: path_name(path),
         users,
@@ -417,7 +441,15 @@ async fn run_path(
         p90_ms: millis(0.9),
         p99_ms: millis(0.99),
         jain: stats::jain(&served_waiting),
-        jain_bound: stats::best_jain(served_waiting.iter().sum(), served_waiting.len() as u64),
+        // The bound counts whole items per user, which weighted shares are not.
+        jain_bound: (!weighted)
+            .then(|| {
+                stats::best_jain(
+                    served_waiting.iter().sum::<f64>() as u64,
+                    served_waiting.len() as u64,
+                )
+            })
+            .flatten(),
         errors: measured.errors,
         wal_bytes_per_claim,
         writes,

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{
     is_wakeup, BenchError, COMPETING_TENANTS_PATH, EVERY_SERVICE_PATH, JOB_WAKEUP_PATH,
-    SERVICES_PER_USER_PATH, WAKEUP_PATH,
+    NO_POLICIES_PATH, POLICIES_PATH, SERVICES_PER_USER_PATH, WAKEUP_PATH,
 };
 
 #[derive(Debug, Clone, Serialize)]
@@ -238,6 +238,32 @@ impl Report {
                         )
                     })
                     .unwrap_or_default(),
+            ));
+        }
+
+        // Policies cost a claim little, and weighted shares hold among the users they decide.
+        let policed = self.runs.iter().find(|run| run.path == POLICIES_PATH);
+        let unpoliced = self.runs.iter().find(|run| run.path == NO_POLICIES_PATH);
+        if let (Some(policed), Some(unpoliced)) = (policed, unpoliced) {
+            let ratio = policed.claims_per_s.zip(unpoliced.claims_per_s);
+            targets.push((
+                "fair with weighted, capped and limited users ≥ 0.8 × fair with none".to_owned(),
+                ratio.map(|(with, without)| with >= 0.8 * without),
+                ratio
+                    .map(|(with, without)| {
+                        format!(
+                            "{}u/{}: {with:.0} vs {without:.0}: {:.3}x",
+                            policed.users,
+                            policed.backlog,
+                            with / without
+                        )
+                    })
+                    .unwrap_or_default(),
+            ));
+            targets.push((
+                "weighted Jain index ≥ 0.99 over the backlogged users weights decide".to_owned(),
+                policed.jain.map(|jain| jain >= 0.99),
+                policed.jain.map(|jain| format!("{jain:.4}")).unwrap_or_default(),
             ));
         }
 

@@ -11,6 +11,9 @@ use tokio_postgres::types::{ToSql, Type};
 use uuid::Uuid;
 
 use super::BenchError;
+use crate::sql;
+use fairway_api::policy::PolicyChange;
+use fairway_broker::statements::policies::SetUserPolicy;
 
 /// The service every seeded item belongs to.
 pub const SERVICE: &str = "bench";
@@ -25,6 +28,10 @@ pub struct Seeded {
     owners: Vec<usize>,
     /// Ready items seeded per user.
     pub items: Vec<u64>,
+    /// Each user's weight: what its share of the items served is divided by.
+    pub weights: Vec<u64>,
+    /// Whether a user's cap or rate limit decides its share rather than its weight.
+    pub held: Vec<bool>,
 }
 
 impl Seeded {
@@ -39,6 +46,22 @@ impl Seeded {
 
 fn username(index: usize) -> String {
     format!("user-{index:05}")
+}
+
+/// User `index`'s policy where the seed has policies: a third weighted 1 to 8, a tenth capped
+/// at one item running, and a tenth held to one item a second (burst 2).
+fn user_policy(index: usize) -> PolicyChange {
+    let weight = (index % 3 == 0).then(|| 1 + (index / 3 % 8) as i32);
+    match index % 10 {
+        1 => PolicyChange { weight, max_running: Some(1), ..PolicyChange::default() },
+        2 => PolicyChange {
+            weight,
+            rate_per_second: Some(1.0),
+            burst: Some(2),
+            ..PolicyChange::default()
+        },
+        _ => PolicyChange { weight, ..PolicyChange::default() },
+    }
 }
 
 /// The benched service, then bench-2, bench-3 and so on (as seed_other_services.sql names them).
@@ -65,6 +88,8 @@ pub struct Partitions {
     pub claim_every_service: bool,
     /// Whether jobs get metadata and priorities, for the strategy paths.
     pub metadata: bool,
+    /// Whether users get policies (`user_policy`): weights, caps and rate limits.
+    pub policies: bool,
 }
 
 impl Partitions {
@@ -227,9 +252,29 @@ pub async fn seed(
         client.batch_execute(SEED_METADATA).await?;
     }
     client.batch_execute(SEED_COUNTERS).await?;
+    let (mut weights, mut held) = (vec![1; users], vec![false; users]);
+    if partitions.policies {
+        // Set as an operator sets them, through the broker's own statement.
+        for (index, name) in names.iter().enumerate() {
+            let change = user_policy(index);
+            if change == PolicyChange::default() {
+                continue;
+            }
+            let set = SetUserPolicy {
+                username: name,
+                weight: change.weight,
+                max_running: change.max_running,
+                rate_per_second: change.rate_per_second,
+                burst: change.burst,
+            };
+            sql::run(&client, &set).await?;
+            weights[index] = change.weight.map_or(1, |weight| weight as u64);
+            held[index] = change.max_running.is_some() || change.rate_per_second.is_some();
+        }
+    }
     client.batch_execute("VACUUM ANALYZE").await?;
     settle(&client).await;
-    Ok(Seeded { jobs, owners, items })
+    Ok(Seeded { jobs, owners, items, weights, held })
 }
 
 async fn copy_rows<'a>(

@@ -9,11 +9,12 @@ pub fn percentile(sorted: &[u32], q: f64) -> Option<f64> {
     Some(f64::from(sorted[rank - 1]))
 }
 
-/// Jain's index over per-user counts: 1.0 when every user got the same, 1/n when one user got
-/// everything. None when nobody got anything.
-pub fn jain(counts: &[u64]) -> Option<f64> {
-    let sum: f64 = counts.iter().map(|&c| c as f64).sum();
-    let squares: f64 = counts.iter().map(|&c| (c as f64) * (c as f64)).sum();
+/// Jain's index over per-user shares (items served, or items served divided by weight): 1.0
+/// when every user got the same, 1/n when one user got everything. None when nobody got
+/// anything.
+pub fn jain(counts: &[f64]) -> Option<f64> {
+    let sum: f64 = counts.iter().sum();
+    let squares: f64 = counts.iter().map(|c| c * c).sum();
     if counts.is_empty() || squares == 0.0 {
         return None;
     }
@@ -39,20 +40,20 @@ mod tests {
 
     #[test]
     fn jain_is_one_for_even_shares_and_one_over_n_for_a_monopoly() {
-        assert_eq!(jain(&[5, 5, 5, 5]), Some(1.0));
-        assert_eq!(jain(&[8, 0, 0, 0]), Some(0.25));
-        assert_eq!(jain(&[0, 0]), None);
-        let uneven = jain(&[3, 4, 3, 4]).expect("defined");
+        assert_eq!(jain(&[5.0, 5.0, 5.0, 5.0]), Some(1.0));
+        assert_eq!(jain(&[8.0, 0.0, 0.0, 0.0]), Some(0.25));
+        assert_eq!(jain(&[0.0, 0.0]), None);
+        let uneven = jain(&[3.0, 4.0, 3.0, 4.0]).expect("defined");
         assert!(uneven > 0.97 && uneven < 1.0);
     }
 
     #[test]
     fn the_best_index_is_that_of_users_within_one_item_of_each_other() {
         assert_eq!(best_jain(40, 10), Some(1.0));
-        assert_eq!(best_jain(45, 10), jain(&[5, 5, 5, 5, 5, 4, 4, 4, 4, 4]));
+        assert_eq!(best_jain(45, 10), jain(&[5.0, 5.0, 5.0, 5.0, 5.0, 4.0, 4.0, 4.0, 4.0, 4.0]));
         let mid_round = best_jain(45, 10).expect("defined");
         assert!(mid_round > 0.98 && mid_round < 0.99, "{mid_round}");
-        assert_eq!(best_jain(3, 10), jain(&[1, 1, 1, 0, 0, 0, 0, 0, 0, 0]));
+        assert_eq!(best_jain(3, 10), jain(&[1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]));
         assert_eq!(best_jain(0, 10), None);
         assert_eq!(best_jain(5, 0), None);
     }
