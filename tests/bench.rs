@@ -10,7 +10,7 @@ use clap::Parser;
 use fairway_bench::args::BenchArgs;
 use fairway_broker::db::sql::Statement;
 use fairway_broker::statements::counters::CheckConsistency;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 // Only the connection helpers are used here.
 #[allow(dead_code)]
@@ -30,8 +30,8 @@ struct BenchCli {
 static BENCH_DATABASE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Runs `fairway bench` with `flags` against the test server, for 1 s a path, without the
-/// wake-up, competing-tenants and many-services runs (unless `flags` ask), and returns what
-/// it wrote.
+/// wake-up, competing-tenants, many-services and policies runs (unless `flags` ask), and returns
+/// what it wrote.
 /// Callers hold BENCH_DATABASE.
 async fn bench(flags: &[&str]) -> Value {
     let url = server_url().await;
@@ -40,9 +40,13 @@ async fn bench(flags: &[&str]) -> Value {
     let path = json.to_str().expect("a UTF-8 path");
     let common = ["fairway-bench", "--database-url", &url, "--json", path, "--duration", "1s"];
     let rest = ["--wakeup-trials", "0", "--competing-tenants", "0"];
+    let policies: &[&str] =
+        if flags.contains(&"--policy-users") { &[] } else { &["--policy-users", "0"] };
     let one_service: &[&str] =
         if flags.contains(&"--services-per-user") { &[] } else { &["--services-per-user", "0"] };
-    let cli = BenchCli::parse_from(common.iter().chain(&rest).chain(one_service).chain(flags));
+    let cli = BenchCli::parse_from(
+        common.iter().chain(&rest).chain(policies).chain(one_service).chain(flags),
+    );
     let args = cli.args;
     fairway_bench::run(args).await.expect("every path ran without error");
     let text = std::fs::read_to_string(&json).expect("results");
@@ -156,6 +160,29 @@ async fn the_user_counted_fifo_keeps_the_users_queue_rows_exact() {
         still_ready += ready;
     }
     assert!(still_ready < 600, "the run's last pass claimed some of the 600 items");
+}
+
+/// The policies' point seeds weights, caps and rate limits through the broker's own statement,
+/// measures `fair` with and without them, reports Jain's index over items served by weight, and
+/// leaves the counters exact.
+#[tokio::test]
+async fn the_policies_point_runs_with_and_without_policies_and_counters_stay_exact() {
+    let _only = BENCH_DATABASE.lock().await;
+    let flags =
+        ["--points", "4x600", "--paths", "fair", "--wide-max", "1", "--policy-users", "100"];
+    let report = bench(&flags).await;
+    let runs = report["runs"].as_array().expect("runs");
+    let legs: Vec<&str> = runs.iter().filter_map(|run| run["path"].as_str()).collect();
+    assert_eq!(legs, ["fair", "fair_no_policies", "fair_policies"]);
+    for run in &runs[1..] {
+        assert_eq!((&run["users"], &run["errors"]), (&json!(100), &json!(0)), "{run}");
+        assert!(run["claims_per_s"].as_f64().is_some_and(|rate| rate > 0.0), "{run}");
+        assert!(run["jain"].as_f64().is_some(), "{run}");
+    }
+    // The bound counts whole items per user, which weighted shares are not.
+    assert!(runs[2]["jain_bound"].is_null(), "{}", runs[2]);
+    assert!(runs[1]["jain_bound"].as_f64().is_some(), "{}", runs[1]);
+    assert_counters_exact().await;
 }
 
 /// With ready work in three services a user keeps exact counters, though a claim moves only the

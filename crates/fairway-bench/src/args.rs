@@ -191,6 +191,12 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 4)]
     pub services_per_user: u32,
 
+    /// Beside the matrix, `fair` twice more at this many users × 10,000 items (0: not run):
+    /// `fair_no_policies`, then `fair_policies`, where a third of the users are weighted 1 to
+    /// 8, a tenth capped at one running item and a tenth held to one item a second.
+    #[arg(long, default_value_t = 1_000)]
+    pub policy_users: u32,
+
     /// Run the `http` paths with auth on: the brokers get an admin token, and the workers claim
     /// and report with a worker token (scoped to the bench's service), as in production. Off:
     /// no token, as a broker on loopback without tokens serves.

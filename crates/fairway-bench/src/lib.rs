@@ -161,10 +161,10 @@ async fn run_matrix(args: &BenchArgs, admin_config: &Database) -> Result<Report,
         }
     }
     // Users with policies, and the same point without them, back to back on the same seed.
-    if args.paths.contains(&BenchPath::Fair) {
+    if args.policy_users > 0 && args.paths.contains(&BenchPath::Fair) {
         for (policies, name) in [(false, NO_POLICIES_PATH), (true, POLICIES_PATH)] {
             let point = Point {
-                users: COMPETING_TENANTS_USERS,
+                users: args.policy_users as usize,
                 backlog: COMPETING_TENANTS_BACKLOG,
                 partitions: seed::Partitions { policies, ..partitions },
             };
@@ -190,7 +190,7 @@ pub const COMPETING_TENANTS_PATH: &str = "fair_tenants";
 pub const SERVICES_PER_USER_PATH: &str = "fair_services";
 pub const EVERY_SERVICE_PATH: &str = "fair_every_service";
 /// `fair` where a third of the users are weighted 1 to 8, a tenth capped and a tenth
-/// rate-limited, and the same point with no policy, run just before it.
+/// rate-limited, and the same point with no policy, run just before it (--policy-users).
 pub const POLICIES_PATH: &str = "fair_policies";
 pub const NO_POLICIES_PATH: &str = "fair_no_policies";
 
