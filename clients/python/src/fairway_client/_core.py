@@ -74,32 +74,37 @@ class ServicePolicy(TypedDict):
     running: int
 
 
-class UserPolicy(TypedDict):
-    """A user's policy and its items running now, as ``GET`` and ``PUT /admin/users/{user}``
-    answer."""
+class _Policy(TypedDict):
+    """What users and tenants share: a weight, a cap and a rate limit, and what they hold."""
 
-    user: str
-    #: The user's share of the workers against other backlogged users': 1 (the default) to
-    #: 1000. Of two users with work waiting, one of weight 2 runs about twice the items of
-    #: one of weight 1.
+    #: The key's share of the workers against the others at its level (users of a tenant,
+    #: tenants of a component): 1 (the default) to 1000. Of two with work waiting, one of
+    #: weight 2 holds about twice the running items of one of weight 1.
     weight: int
-    #: Most of the user's items running at once, over every broker and service; 0: no cap.
+    #: Most of its items running at once, over every broker and service; 0: no cap.
     max_running: int
-    #: The user's items handed out per second, over every broker; 0: no limit.
+    #: Its items handed out per second, over every broker; 0: no limit.
     rate_per_second: float
     #: Items handed out at once after a quiet spell: at most ``burst + rate_per_second * t``
     #: in any t seconds.
     burst: int
-    #: The user's items running now, over every service.
+    #: Its items running now, over every service.
     running: int
-    #: Whether the user is at its cap: claims pass it over until one of its items ends.
+    #: Whether it is at its cap: claims pass it over until one of its items ends.
     at_cap: bool
-    #: While the user's rate limit holds it back, when its next item is due (RFC 3339);
-    #: None otherwise.
+    #: While its rate limit holds it back, when its next item is due (RFC 3339); None
+    #: otherwise.
     throttled_until: str | None
 
 
-class TenantPolicy(TypedDict):
+class UserPolicy(_Policy):
+    """A user's policy and its items running now, as ``GET`` and ``PUT /admin/users/{user}``
+    answer."""
+
+    user: str
+
+
+class TenantPolicy(_Policy):
     """A tenant's limits, its policy and what it holds now, as ``GET`` and ``PUT
     /admin/tenants/{tenant}`` answer."""
 
@@ -109,23 +114,6 @@ class TenantPolicy(TypedDict):
     #: Most ready items the tenant may have waiting; 0: no limit. A submission past it raises
     #: ``FairwayError`` 429 ``too_many_outstanding``.
     max_outstanding: int
-    #: The tenant's share of the workers against other tenants', per component: 1 (the
-    #: default) to 1000.
-    weight: int
-    #: Most of the tenant's items running at once, over every broker and service; 0: no cap.
-    max_running: int
-    #: The tenant's items handed out per second, over every broker; 0: no limit.
-    rate_per_second: float
-    #: Items handed out at once after a quiet spell: at most ``burst + rate_per_second * t``
-    #: in any t seconds.
-    burst: int
-    #: The tenant's items running now, over every service.
-    running: int
-    #: Whether the tenant is at its cap: claims pass it over until one of its items ends.
-    at_cap: bool
-    #: While the tenant's rate limit holds it back, when its next item is due (RFC 3339);
-    #: None otherwise.
-    throttled_until: str | None
     #: Whether only ``queriers`` serve it (False: every querier does).
     sharded: bool
     #: The tenant's ready items waiting.

@@ -30,6 +30,12 @@ SELECT t.tenant,
        t.created_at,
        t.updated_at
   FROM tenants t
- CROSS JOIN LATERAL (SELECT tenant_running(t.tenant) AS running) r
+  -- Every running item read once, through the leases index, however many tenants are listed.
+  LEFT JOIN (SELECT uw.tenant, count(*) AS items
+               FROM work_items w
+               JOIN user_work uw USING (job_id, step_index, component)
+              WHERE w.status = 'running'
+              GROUP BY uw.tenant) counted ON counted.tenant = t.tenant
+ CROSS JOIN LATERAL (SELECT coalesce(counted.items, 0) AS running) r
  WHERE $1::text IS NULL OR t.tenant = $1
  ORDER BY t.tenant;
