@@ -6,7 +6,7 @@
 BEGIN;
 \ir support.psql
 
-SELECT plan(47);
+SELECT plan(55);
 
 -- Every counter an ending of job p_label's items may move, by name.
 CREATE FUNCTION pg_temp.counters(p_label text)
@@ -261,6 +261,81 @@ SELECT results_eq(
        WHERE username = 'eve'$$,
     $$VALUES (0, 0, 1)$$,
     'In the end the user has nothing running, and only the retried item is ready.');
+
+-- A batch that is its own transaction (p_in_one_statement): one whose workflow may grow is
+-- refused before anything moves; any other settles its tenant rows and its jobs itself.
+DO $$
+BEGIN
+    PERFORM pg_temp.submit('solo', 'eve', 'ends', 2, 'acme');
+    PERFORM pg_temp.submit('grows', 'eve', 'ends', 1, 'acme');
+    INSERT INTO job_steps (job_id, step_index, service, aggregate)
+    VALUES (pg_temp.job('grows'), 1, 'next', false);
+    PERFORM pg_temp.submit('gathers', 'eve', 'ends', 1, 'acme');
+    INSERT INTO job_steps (job_id, step_index, service, aggregate)
+    VALUES (pg_temp.job('gathers'), 1, 'sum', true);
+    PERFORM count(*) FROM pg_temp.claim('ends', 5);
+END;
+$$;
+
+-- Ends items p_ids successfully with results p_results, as one statement of its own.
+CREATE FUNCTION pg_temp.finish_alone(p_ids bigint[], p_results jsonb[], p_statuses text[])
+RETURNS TABLE (id bigint, tenant_applied boolean, job_open_items integer,
+               needs_transaction boolean)
+LANGUAGE sql
+AS $$
+    SELECT p_ids[f.ending], f.tenant_applied, f.job_open_items, f.needs_transaction
+      FROM finish_items(p_ids,
+                        ARRAY(SELECT 1 FROM unnest(p_ids)),
+                        p_statuses,
+                        p_results,
+                        array_fill(NULL::text, ARRAY[cardinality(p_ids)]),
+                        array_fill(NULL::text, ARRAY[cardinality(p_ids)]),
+                        array_fill(NULL::bytea, ARRAY[cardinality(p_ids)]),
+                        array_fill(false, ARRAY[cardinality(p_ids)]),
+                        false, false,
+                        p_in_one_statement => true) f
+     ORDER BY f.ending;
+$$;
+
+CALL pg_temp.snapshot('grows');
+SELECT results_eq(
+    $$SELECT id, needs_transaction
+        FROM pg_temp.finish_alone(ARRAY[pg_temp.item('solo', 1), pg_temp.item('grows', 1)],
+                                  ARRAY['[]'::jsonb, '[1]'], ARRAY['successful', 'successful'])$$,
+    $$VALUES (NULL::bigint, true)$$,
+    'A batch alone in its transaction in which a workflow fans out is refused.');
+CALL pg_temp.snapshot('grows');
+SELECT is(pg_temp.changed('grows'), '{}'::jsonb, 'The refused batch moves no counter.');
+SELECT is((SELECT count(*)::integer FROM work_items
+            WHERE id IN (pg_temp.item('solo', 1), pg_temp.item('grows', 1))
+              AND status = 'running'),
+          2,
+          'Both of its items still run.');
+SELECT results_eq(
+    $$SELECT id, needs_transaction
+        FROM pg_temp.finish_alone(ARRAY[pg_temp.item('gathers', 1)], ARRAY[NULL::jsonb],
+                                  ARRAY['failed'])$$,
+    $$VALUES (NULL::bigint, true)$$,
+    'So is one whose ending may complete an aggregate''s inputs, failed or not.');
+SELECT results_eq(
+    $$SELECT id, needs_transaction
+        FROM pg_temp.finish_alone(ARRAY[pg_temp.item('grows', 1)], ARRAY[NULL::jsonb],
+                                  ARRAY['ready'])$$,
+    $$VALUES (pg_temp.item('grows', 1), false)$$,
+    'A retry grows no workflow: it applies alone.');
+
+CALL pg_temp.snapshot('solo');
+SELECT results_eq(
+    $$SELECT id, tenant_applied, job_open_items
+        FROM pg_temp.finish_alone(ARRAY[pg_temp.item('solo', 1), pg_temp.item('solo', 2)],
+                                  ARRAY['[]'::jsonb, '[]'], ARRAY['successful', 'successful'])$$,
+    $$VALUES (pg_temp.item('solo', 1), true, 0), (pg_temp.item('solo', 2), true, 0)$$,
+    'A batch that grows no workflow applies its tenant''s change itself.');
+CALL pg_temp.snapshot('solo');
+SELECT is(pg_temp.moved('solo', 'tenant_running'), -2,
+          'The tenant''s running count falls by both items, with no caller to apply it.');
+SELECT is((SELECT status::text FROM jobs WHERE job_id = pg_temp.job('solo')), 'successful',
+          'The job it emptied is finished in the same statement.');
 
 SELECT * FROM finish();
 ROLLBACK;

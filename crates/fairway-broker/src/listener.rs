@@ -14,8 +14,8 @@ use crate::WorkSignals;
 /// The channel that `counters/notify_work_ready.sql` notifies, with the service as payload.
 const WORK_READY: &str = "fairway_work_ready";
 
-/// The channel that `endings/refresh_job_status.sql` and `jobs/notify_job_finished.sql` notify,
-/// with the job id as payload.
+/// The channel that `endings/functions/finish_jobs.sql` and `jobs/notify_job_finished.sql`
+/// notify, with the job id as payload.
 const JOB_FINISHED: &str = "fairway_job_finished";
 
 /// The channel that `tenancy/notify_querier_shut_down.sql` notifies, with the querier as payload.

@@ -6,6 +6,7 @@ pub mod statements;
 
 use std::collections::{BTreeSet, HashMap};
 use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,8 +27,8 @@ use fairway_api::model::{reject_nul, ItemStatus, JobId, StatusUpdate, WorkItem, 
 use outcome::{record, refusal, AttemptEnding, Ending, Recorded, RetryBudget};
 use statements::{
     AggregatePlan, AppliedEnding, DescribeItem, ExtendLease, FindExpiredLeases, FinishItems,
-    FinishedRow, InsertAggregateItem, InsertNextStepItems, ItemRetryPolicies, ItemRetryPolicy,
-    PlanAggregateItem, RefreshJobStatus,
+    FinishJobs, Finished, FinishedRow, InsertAggregateItem, InsertNextStepItems, ItemRetryPolicies,
+    ItemRetryPolicy, PlanAggregateItem,
 };
 
 /// An attempt that ended: its service, and whether the querier that held it is shutting down
@@ -95,6 +96,10 @@ pub struct Endings {
     claims_committed: Arc<Notify>,
     /// A querier that is shutting down leaves its shards once its last lease ends.
     tenancy: Tenancy,
+    /// Whether the last batch that needed a transaction grew a workflow. While batches grow
+    /// workflows, the next goes straight into a transaction rather than first ask to be one
+    /// statement and be refused.
+    growing: Arc<AtomicBool>,
 }
 
 impl Endings {
@@ -104,7 +109,8 @@ impl Endings {
         claims_committed: Arc<Notify>,
         tenancy: Tenancy,
     ) -> Self {
-        Self { core, batches, claims_committed, tenancy }
+        let growing = Arc::default();
+        Self { core, batches, claims_committed, tenancy, growing }
     }
 }
 
@@ -272,9 +278,10 @@ impl Endings {
     /// counter row once; then the workflows grow; the tenant rows come last, in key order.
     /// Answers each ending: its item's status, deferred, or why it did not apply.
     ///
-    /// BEGIN and the endings go to the server together, in one round trip, and the commit in a
-    /// second, since a round trip costs as much as ending a few attempts; only a workflow that
-    /// grows adds more.
+    /// A batch in which no workflow grows is one statement in one round trip, its own
+    /// transaction: finish_items settles the jobs and tenant rows too. One in which a workflow
+    /// may grow runs in a transaction: BEGIN and the endings go to the server together, then
+    /// the growth, then the commit.
     ///
     /// A run that deadlocks runs again whole, for every ending of the batch (see `retry`):
     /// nothing is answered, signalled or counted before a run commits.
@@ -333,10 +340,8 @@ impl Endings {
         let handed_back: Vec<bool> = recorded.iter().map(|r| r.handed_back).collect();
         let warnings: Vec<Option<&str>> = recorded.iter().map(|r| r.warning).collect();
         let delays_millis: Vec<Option<i64>> = recorded.iter().map(|r| r.delay_millis).collect();
-        let expired_only = condition == LeaseCondition::Expired;
-        let wait = owners == Owners::Wait;
         let tokens: Vec<Option<i64>> = endings.iter().map(|ending| ending.token).collect();
-        let finish = FinishItems {
+        let mut finish = FinishItems {
             ids: &ids,
             attempts: &attempts,
             statuses: &statuses,
@@ -345,13 +350,33 @@ impl Endings {
             next_components: &next_components,
             digests: &digests,
             uncounted: &uncounted,
-            expired_only,
-            wait_for_owners: wait,
+            expired_only: condition == LeaseCondition::Expired,
+            wait_for_owners: owners == Owners::Wait,
             tokens: &tokens,
             delays_millis: &delays_millis,
             handed_back: &handed_back,
             warnings: &warnings,
+            in_one_statement: true,
         };
+        // A test's forced deadlock needs a transaction to strike in.
+        #[cfg(feature = "fault-injection")]
+        let one_statement_first = self.core.faults.armed(crate::faults::Point::EndAttempts) == 0;
+        #[cfg(not(feature = "fault-injection"))]
+        let one_statement_first = true;
+        if one_statement_first && !self.growing.load(Ordering::Relaxed) {
+            let rows = client.query(&finish_items, &finish.params()).await?;
+            match Finished::from_rows(&rows)? {
+                Finished::Endings(finished) => {
+                    let (answers, released) = self
+                        .answer_endings(&client, endings, &recorded, &finished, condition, true)
+                        .await?;
+                    self.after_commit(&client, span, &released, condition).await;
+                    return Ok(answers);
+                }
+                Finished::NeedsTransaction => self.growing.store(true, Ordering::Relaxed),
+            }
+        }
+        finish.in_one_statement = false;
         let params = finish.params();
         // Each request is sent when its future is first polled, and `biased` has try_join poll
         // them in the order written (by default it rotates which one goes first). (Should
@@ -371,7 +396,12 @@ impl Endings {
                     // back below, like any failed run.
                     #[cfg(feature = "fault-injection")]
                     self.core.faults.strike(crate::faults::Point::EndAttempts, &client).await?;
-                    self.grow_workflows(&client, endings, &recorded, &finished, condition).await
+                    let grows = finished.iter().any(|row| {
+                        row.applied.as_ref().is_some_and(|a| a.fans_out || a.may_aggregate)
+                    });
+                    self.growing.store(grows, Ordering::Relaxed);
+                    self.answer_endings(&client, endings, &recorded, &finished, condition, false)
+                        .await
                 }
                 .await
             }
@@ -388,10 +418,21 @@ impl Endings {
             }
         };
         client.batch_execute("COMMIT").await?;
-        // Wake a claim waiting for a busy user per item released, and let a querier that is
-        // shutting down leave its shards once it holds no lease. The endings are committed:
-        // what follows must not turn them into errors.
-        for ended in &released {
+        self.after_commit(&client, span, &released, condition).await;
+        Ok(answers)
+    }
+
+    /// Once a batch of endings committed: wakes a claim waiting for a busy user per item
+    /// released, counts the endings, and lets a querier that is shutting down leave its shards
+    /// once it holds no lease. What follows a commit must not turn the endings into errors.
+    async fn after_commit(
+        &self,
+        client: &impl GenericClient,
+        span: &tracing::Span,
+        released: &[Ended],
+        condition: LeaseCondition,
+    ) {
+        for ended in released {
             self.core.signals.for_service(&ended.service).release_one();
             if ended.handed_back {
                 self.core.metrics.item_released(&ended.service);
@@ -415,21 +456,23 @@ impl Endings {
             }
         }
         if !span.is_disabled() {
-            trace_batch(&client, span, &released).await;
+            trace_batch(client, span, released).await;
         }
-        Ok(answers)
     }
 
-    /// Inside the endings' transaction, after finish_items (`finished`, its rows): grows each
-    /// applied ending's workflow, explains each refused one (no row), and applies the tenant
-    /// rows' changes last. Returns the answers and the attempts that ended.
-    async fn grow_workflows(
+    /// After finish_items (`finished`, its rows), inside the endings' transaction: grows each
+    /// applied ending's workflow, explains each refused one (no row), finishes the jobs left
+    /// with nothing open and applies the tenant rows' changes last, unless finish_items
+    /// `settled` the batch itself as its own transaction. Returns the answers and the attempts
+    /// that ended.
+    async fn answer_endings(
         &self,
         tx: &impl GenericClient,
         endings: &[AttemptEnding],
         recorded: &[Recorded<'_>],
         finished: &[FinishedRow],
         condition: LeaseCondition,
+        settled: bool,
     ) -> Result<(Vec<Result<Answer, BrokerError>>, Vec<Ended>), BrokerError> {
         let mut outcomes: Vec<Option<Result<Answer, BrokerError>>> =
             endings.iter().map(|_| None).collect();
@@ -469,11 +512,11 @@ impl Endings {
                 None => unapplied(tx, ending).await?,
             });
         }
-        if !maybe_done.is_empty() {
+        if !maybe_done.is_empty() && !settled {
             // Each job once, in a stable order.
             maybe_done.sort_unstable();
             maybe_done.dedup();
-            sql::run(tx, &RefreshJobStatus { job_ids: &maybe_done }).await?;
+            sql::run(tx, &FinishJobs { job_ids: &maybe_done }).await?;
         }
         tenant_deltas.apply(tx).await?;
         Ok((answers, released))

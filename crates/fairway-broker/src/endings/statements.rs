@@ -14,7 +14,7 @@ statement! {
     /// Ends the attempts of a batch (`functions/finish_items.sql`): ending i is the i-th of
     /// each array.
     FinishItems<'a> = function
-        "SELECT * FROM finish_items($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
+        "SELECT * FROM finish_items($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
         -> FinishedRow {
         /// The running item the ending is for.
         ids: &'a [i64],
@@ -42,6 +42,9 @@ statement! {
         handed_back: &'a [bool],
         /// A successful ending's warning.
         warnings: &'a [Option<&'a str>],
+        /// The call is the whole transaction: it refuses a batch whose workflows may grow,
+        /// and settles any other itself.
+        in_one_statement: bool,
     }
 }
 
@@ -51,6 +54,25 @@ pub struct FinishedRow {
     /// The 1-based index of the ending in the batch.
     pub ending: i32,
     pub applied: Option<AppliedEnding>,
+}
+
+/// What finish_items answered a batch.
+pub enum Finished {
+    /// A row per ending that applied or was deferred.
+    Endings(Vec<FinishedRow>),
+    /// Asked to be the whole transaction, it found a workflow that may grow, and did nothing.
+    NeedsTransaction,
+}
+
+impl Finished {
+    pub fn from_rows(rows: &[Row]) -> Result<Self, tokio_postgres::Error> {
+        if let [row] = rows {
+            if row.try_get("needs_transaction")? {
+                return Ok(Self::NeedsTransaction);
+            }
+        }
+        Ok(Self::Endings(rows.iter().map(FinishedRow::from_row).collect::<Result<_, _>>()?))
+    }
 }
 
 impl FromRow for FinishedRow {
@@ -158,8 +180,10 @@ statement! {
 }
 
 statement! {
-    /// Finishes each of the jobs that has nothing ready or running.
-    RefreshJobStatus<'a> = "refresh_job_status" -> () {
+    /// Finishes each of the jobs that has nothing ready or running
+    /// (`functions/finish_jobs.sql`).
+    FinishJobs<'a> = function "SELECT finish_jobs($1)" -> () {
+        /// In id order.
         job_ids: &'a [Uuid],
     }
 }

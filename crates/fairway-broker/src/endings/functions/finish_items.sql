@@ -17,10 +17,18 @@
 -- counter row the batch touches moves once, by the batch's summed deltas; a service whose
 -- user's work became claimable is woken.
 --
+-- With p_in_one_statement the call is its caller's whole transaction (autocommit), so it must
+-- leave nothing for the caller to do: a batch in which any ending could grow its workflow (fan
+-- out to the next step, or complete an aggregate's inputs) is refused before anything is
+-- locked or written, with one row that says `needs_transaction`, and any other batch applies
+-- its tenant rows' changes and finishes the jobs it emptied itself, last.
+--
 -- Answer: a row per ending that applied (`ending` says which; in no particular order), with
 -- what the workflow needs next: whether the ending fans out to the next step or may complete
 -- an aggregate's inputs, and whether the tenant's row is already up to date (changed here, or
 -- a change that would change nothing); otherwise the caller applies the tenant deltas last.
+-- A job whose items are all settled comes back with job_open_items 0; the caller finishes it
+-- unless p_in_one_statement did.
 -- An ending whose owner another transaction held comes back with `deferred` and nothing else:
 -- its item still runs under that attempt, and the broker sends it again. A stale attempt, an
 -- item that is not running, an attempt another token claimed (p_tokens), or no such item gives
@@ -54,7 +62,8 @@ CREATE OR REPLACE FUNCTION finish_items(
     -- Whether ending i is a worker handing the item back (NULL, or no array: no).
     p_handed_back boolean[] DEFAULT NULL,
     -- Ending i's warning, kept on a successful item (NULL, or no array: none).
-    p_warnings text[] DEFAULT NULL
+    p_warnings text[] DEFAULT NULL,
+    p_in_one_statement boolean DEFAULT false
 )
 RETURNS TABLE (
     ending integer,
@@ -70,7 +79,8 @@ RETURNS TABLE (
     became_claimable boolean,
     tenant_applied boolean,
     job_open_items integer,
-    deferred boolean
+    deferred boolean,
+    needs_transaction boolean
 )
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
@@ -82,7 +92,39 @@ DECLARE
     -- The owners of the batch's items, and those of them this transaction holds.
     v_wanted text[];
     v_owners text[];
+    -- What the batch settles itself: its tenant rows' changes and the jobs it emptied.
+    v_settles boolean;
+    v_tenant_services text[] := '{}';
+    v_tenant_components text[] := '{}';
+    v_tenant_names text[] := '{}';
+    v_tenant_activate boolean[] := '{}';
+    v_emptied uuid[] := '{}';
 BEGIN
+    -- Whether any ending could grow its workflow, asked as the ending itself answers it below
+    -- (fans_out, may_aggregate), from what never changes: the item's job and step.
+    IF p_in_one_statement AND EXISTS (
+        SELECT 1
+          FROM unnest(p_ids, p_statuses, p_results) AS r(id, status, results)
+          JOIN work_items wi ON wi.id = r.id
+         WHERE (jsonb_array_length(coalesce(r.results, '[]')) > 0
+                AND EXISTS (SELECT 1
+                              FROM job_steps next_step
+                             WHERE next_step.job_id = wi.job_id
+                               AND next_step.step_index = wi.step_index + 1
+                               AND NOT next_step.aggregate))
+            OR (r.status NOT IN ('ready', 'scheduled')
+                AND EXISTS (SELECT 1
+                              FROM job_steps aggregate_step
+                             WHERE aggregate_step.job_id = wi.job_id
+                               AND aggregate_step.aggregate))
+    ) THEN
+        RETURN QUERY SELECT 0, NULL::uuid, NULL::integer, NULL::text, NULL::text,
+                            NULL::boolean, NULL::boolean, NULL::boolean, NULL::text, NULL::text,
+                            NULL::boolean, NULL::boolean, NULL::integer, false, true;
+        RETURN;
+    END IF;
+    v_settles := p_in_one_statement OR v_alone;
+
     -- The owners' users rows first (the lock order): all of them, waiting, or only those
     -- free now. The statements below take fresh snapshots, so they read each item as the last
     -- transaction that held its owner left it.
@@ -306,12 +348,15 @@ BEGIN
         IF became_claimable THEN
             PERFORM pg_notify('fairway_work_ready', service);
         END IF;
-        -- The tenant's row: alone in its transaction and changing no other step, the
-        -- ending applies it here; otherwise the caller does, last, unless it would not change
-        -- (a tenant alone in its component keeps no running count).
-        tenant_applied := v_alone AND NOT fans_out AND NOT may_aggregate;
+        -- The tenant's row: in a batch that settles itself and changing no other step, the
+        -- ending's change is applied here, last; otherwise the caller applies it, last,
+        -- unless it would not change (a tenant alone in its component keeps no running count).
+        tenant_applied := v_settles AND NOT fans_out AND NOT may_aggregate;
         IF tenant_applied AND (became_claimable OR v_ended.rivals) THEN
-            PERFORM apply_tenant_delta(service, component, tenant, -1, became_claimable);
+            v_tenant_services := v_tenant_services || service;
+            v_tenant_components := v_tenant_components || component;
+            v_tenant_names := v_tenant_names || tenant;
+            v_tenant_activate := v_tenant_activate || became_claimable;
         END IF;
         tenant_applied := tenant_applied OR NOT (became_claimable OR v_ended.rivals);
         -- The job has items open while this step has; otherwise its other steps say.
@@ -322,10 +367,24 @@ BEGIN
               INTO job_open_items
               FROM user_work uw
              WHERE uw.job_id = v_ended.job_id;
+            IF job_open_items = 0 AND p_in_one_statement THEN
+                v_emptied := v_emptied || v_ended.job_id;
+            END IF;
         END IF;
         deferred := false;
+        needs_transaction := false;
         RETURN NEXT;
     END LOOP;
+    IF cardinality(v_emptied) > 0 THEN
+        PERFORM finish_jobs(ARRAY(SELECT DISTINCT e.job_id
+                                    FROM unnest(v_emptied) AS e(job_id)
+                                   ORDER BY e.job_id));
+    END IF;
+    IF cardinality(v_tenant_services) > 0 THEN
+        PERFORM apply_tenant_deltas(v_tenant_services, v_tenant_components, v_tenant_names,
+                                    array_fill(-1, ARRAY[cardinality(v_tenant_services)]),
+                                    v_tenant_activate);
+    END IF;
 
     -- The endings left alone because another transaction held their owner: their items still
     -- run under the attempts named.
@@ -333,7 +392,7 @@ BEGIN
         RETURN QUERY
             SELECT r.i::integer, NULL::uuid, NULL::integer, NULL::text, NULL::text,
                    NULL::boolean, NULL::boolean, NULL::boolean, NULL::text, NULL::text,
-                   NULL::boolean, NULL::boolean, NULL::integer, true
+                   NULL::boolean, NULL::boolean, NULL::integer, true, false
               FROM unnest(p_ids, p_attempts) WITH ORDINALITY AS r(id, attempt, i)
               JOIN work_items wi ON wi.id = r.id
              WHERE wi.attempt = r.attempt
