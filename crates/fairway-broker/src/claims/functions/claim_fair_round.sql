@@ -68,11 +68,31 @@ DECLARE
     v_least bigint;
     v_first_lags boolean;
 BEGIN
-    -- The one active tenant queue, read as the one-at-a-time claim reads the tenants.
-    SELECT tq.tenant, t.max_running > 0 OR t.rate_per_second > 0
-      INTO v_tenant, v_tenant_policed
+    -- The one active tenant queue, read as the one-at-a-time claim reads the tenants, and in
+    -- the same statement the head of its users' order: its share, the least work in progress
+    -- in the order. No user further ahead of it than there are items wanted can be reached,
+    -- and bounding the head by that keeps its read a short range of the order's index: the
+    -- plan, made once, cannot see the LIMIT. A first row that lags its user would end the set
+    -- before its first pick: then the caller's single claims, which bring such rows level, go
+    -- on at once. (Read without the user's lock: the set checks again under it.)
+    SELECT tq.tenant, t.max_running > 0 OR t.rate_per_second > 0, first.share, first.lags
+      INTO v_tenant, v_tenant_policed, v_least, v_first_lags
       FROM tenant_queues tq
       JOIN tenants t ON t.tenant = tq.tenant
+      LEFT JOIN LATERAL (
+           SELECT su.share,
+                  (u.running_count, u.last_worked, u.weight, u.max_running,
+                   u.throttled_until IS NOT NULL)
+                      IS DISTINCT FROM (su.running_count, su.last_worked, su.weight,
+                                        su.max_running, su.throttled) AS lags
+             FROM service_users su
+             JOIN users u ON u.username = su.username
+            WHERE (su.service, su.component, su.tenant) = (p_service, p_component, tq.tenant)
+              AND su.in_order
+              AND su.ready_count > 0
+            ORDER BY su.share, su.last_worked NULLS FIRST, su.username
+            LIMIT 1
+           ) first ON true
      WHERE tq.service = p_service
        AND tq.component = p_component
        AND tq.active
@@ -85,29 +105,7 @@ BEGIN
      ORDER BY tq.share, tq.last_worked NULLS FIRST, tq.tenant
      LIMIT 1;
     -- A tenant with a cap or a rate limit is admitted one item at a time (admit_tenant).
-    IF v_tenant_policed THEN
-        RETURN;
-    END IF;
-    -- The least work in progress in the order. No user further ahead of it than there are
-    -- items wanted can be reached, and bounding the head by that keeps its read a short range
-    -- of the order's index: the plan, made once, cannot see the LIMIT.
-    -- A first row that lags its user would end the set before its first pick: then the
-    -- caller's single claims, which bring such rows level, go on at once. (Read without the
-    -- user's lock: the set checks again under it.)
-    SELECT su.share,
-           (u.running_count, u.last_worked, u.weight, u.max_running,
-            u.throttled_until IS NOT NULL)
-               IS DISTINCT FROM (su.running_count, su.last_worked, su.weight, su.max_running,
-                                 su.throttled)
-      INTO v_least, v_first_lags
-      FROM service_users su
-      JOIN users u ON u.username = su.username
-     WHERE (su.service, su.component, su.tenant) = (p_service, p_component, v_tenant)
-       AND su.in_order
-       AND su.ready_count > 0
-     ORDER BY su.share, su.last_worked NULLS FIRST, su.username
-     LIMIT 1;
-    IF v_least IS NULL OR v_first_lags THEN
+    IF v_tenant_policed OR v_least IS NULL OR v_first_lags THEN
         RETURN;
     END IF;
 

@@ -175,8 +175,7 @@ DECLARE
     -- The requests in the order they are served, and how many items each got from sets.
     v_in_order integer[];
     v_served integer[];
-    -- A run of requests served by sets (claim_fair_round), and their items still wanted.
-    v_run integer[];
+    -- The items a run of requests served by sets (claim_fair_round) still wants.
     v_slots integer[];
     v_set record;
     v_set_claimed integer;
@@ -186,21 +185,32 @@ DECLARE
     v_policed boolean;
     -- Whether some user's bucket has come due, so that its rows go back into the order.
     v_users_due boolean;
+    -- Whether running-count changes of competing tenants are logged, to fold first.
+    v_logged boolean;
+    -- Whether the querier's last_seen is older than p_touch_ms.
+    v_stale boolean;
     v_admitted record;
     v_user record;
     v_limited text[];
     v_retry_ms bigint[];
     v_taken integer[];
 BEGIN
-    -- Capped and rate-limited services first, before anything else is locked: each request's
-    -- max is cut to what its service's policy still allows (admit_services). A batch of
-    -- services without a policy, and with no user's bucket come due, pays this one statement.
+    -- What the batch must do before its first item, asked in one statement: a batch of
+    -- services without a policy, with no user's bucket come due and no tenant's change logged
+    -- pays only this. The requests are served in (service, querier) order, so that the
+    -- membership check and the component list are made once per querier and service.
     SELECT EXISTS (SELECT 1
                      FROM service_policies sp
                     WHERE sp.service = ANY (p_services)
                       AND (sp.max_running > 0 OR sp.rate_per_second > 0)),
-           EXISTS (SELECT 1 FROM users u WHERE u.throttled_until <= now())
-      INTO v_policed, v_users_due;
+           EXISTS (SELECT 1 FROM users u WHERE u.throttled_until <= now()),
+           EXISTS (SELECT 1 FROM tenant_running_changes),
+           ARRAY(SELECT r.i
+                   FROM unnest(p_services, p_queriers) WITH ORDINALITY AS r(service, querier, i)
+                  ORDER BY r.service, r.querier, r.i)
+      INTO v_policed, v_users_due, v_logged, v_in_order;
+    -- Capped and rate-limited services first, before anything else is locked: each request's
+    -- max is cut to what its service's policy still allows (admit_services).
     IF v_policed THEN
         v_taken := array_fill(0, ARRAY[cardinality(p_services)]);
         FOR v_admitted IN SELECT * FROM admit_services(p_services, p_maxes) LOOP
@@ -214,10 +224,13 @@ BEGIN
 
     -- The running-count changes logged since the last batch, first: the tenant order below
     -- reads the counts. The rows folded are held from here on, so the greatest is the bound
-    -- below which this transaction's claims may not wait.
-    SELECT f.service, f.component, f.tenant
-      INTO v_held_service, v_held_component, v_held_tenant
-      FROM fold_tenant_running_changes() f;
+    -- below which this transaction's claims may not wait. Only tenants that compete log
+    -- changes, so where none do there is nothing to fold.
+    IF v_logged THEN
+        SELECT f.service, f.component, f.tenant
+          INTO v_held_service, v_held_component, v_held_tenant
+          FROM fold_tenant_running_changes() f;
+    END IF;
 
     -- Users whose rate limit's next item has come due go back into the fair order: their rows
     -- there left it when their buckets emptied (see the users update below).
@@ -240,11 +253,6 @@ BEGIN
            AND su.throttled;
     END IF;
 
-    -- In (service, querier) order, so that the membership check and the component list are
-    -- made once per querier and service in the batch.
-    v_in_order := ARRAY(SELECT r.i
-                       FROM unnest(p_services, p_queriers) WITH ORDINALITY AS r(service, querier, i)
-                      ORDER BY r.service, r.querier, r.i);
     v_served := array_fill(0, ARRAY[cardinality(v_in_order)]);
     FOREACH i IN ARRAY v_in_order LOOP
         v_service := p_services[i];
@@ -252,73 +260,82 @@ BEGIN
         IF (v_service, v_querier) IS DISTINCT FROM (v_checked_service, v_checked_querier) THEN
             v_checked_service := v_service;
             v_checked_querier := v_querier;
-            SELECT q.state::text INTO querier_state FROM queriers q WHERE q.querier = v_querier;
-            -- The row is shared by all of the querier's workers: one of them moves it, the rest
-            -- skip. (No row when the querier is not a member.) A querier shutting down is not
-            -- heard: its 410s must not keep it from being forgotten (retire_queriers.sql).
-            PERFORM 1
-               FROM queriers q
-              WHERE q.querier = v_querier
-                AND q.state = 'active'
-                AND q.last_seen < now() - p_touch_ms * interval '1 millisecond'
-                FOR NO KEY UPDATE SKIP LOCKED;
-            IF FOUND THEN
-                UPDATE queriers q SET last_seen = now() WHERE q.querier = v_querier;
-            END IF;
-
-            -- 1. A skip scan over tenant_queues, one probe per component.
-            WITH RECURSIVE components AS (
-                (SELECT tq.component
-                   FROM tenant_queues tq
-                  WHERE tq.service = v_service
-                    AND tq.active
-                  ORDER BY tq.component
-                  LIMIT 1)
-                UNION ALL
-                SELECT (SELECT tq.component
+            -- The querier's membership, whether its last_seen is due to move, and (1.) the
+            -- components with claimable work, by a skip scan over tenant_queues, one probe per
+            -- component: one statement.
+            SELECT q.state::text,
+                   q.state = 'active'
+                       AND q.last_seen < now() - p_touch_ms * interval '1 millisecond',
+                   listed.components,
+                   listed.contested
+              INTO querier_state, v_stale, v_components, v_contested
+              FROM (SELECT v_querier AS querier) asked
+              LEFT JOIN queriers q ON q.querier = asked.querier
+             CROSS JOIN LATERAL (
+                   WITH RECURSIVE components AS (
+                       (SELECT tq.component
                           FROM tenant_queues tq
                          WHERE tq.service = v_service
                            AND tq.active
-                           AND tq.component > c.component
                          ORDER BY tq.component
                          LIMIT 1)
-                  FROM components c
-                 WHERE c.component IS NOT NULL
-            )
-            SELECT array_agg(c.component ORDER BY c.component),
-                   -- A second active tenant, read in primary-key order so that the probe
-                   -- stops there.
-                   array_agg((SELECT tq.tenant
-                                FROM tenant_queues tq
-                               WHERE tq.service = v_service
-                                 AND tq.component = c.component
-                                 AND tq.active
-                               ORDER BY tq.service, tq.component, tq.tenant
-                              OFFSET 1
-                               LIMIT 1) IS NOT NULL
-                             ORDER BY c.component)
-              INTO v_components, v_contested
-              FROM components c
-             WHERE c.component IS NOT NULL;
+                       UNION ALL
+                       SELECT (SELECT tq.component
+                                 FROM tenant_queues tq
+                                WHERE tq.service = v_service
+                                  AND tq.active
+                                  AND tq.component > c.component
+                                ORDER BY tq.component
+                                LIMIT 1)
+                         FROM components c
+                        WHERE c.component IS NOT NULL
+                   )
+                   SELECT array_agg(c.component ORDER BY c.component) AS components,
+                          -- A second active tenant, read in primary-key order so that the
+                          -- probe stops there.
+                          array_agg((SELECT tq.tenant
+                                       FROM tenant_queues tq
+                                      WHERE tq.service = v_service
+                                        AND tq.component = c.component
+                                        AND tq.active
+                                      ORDER BY tq.service, tq.component, tq.tenant
+                                     OFFSET 1
+                                      LIMIT 1) IS NOT NULL
+                                    ORDER BY c.component) AS contested
+                     FROM components c
+                    WHERE c.component IS NOT NULL
+                   ) listed;
+            -- The row is shared by all of the querier's workers: one of them moves it, the rest
+            -- skip. A querier shutting down is not heard: its 410s must not keep it from being
+            -- forgotten (retire_queriers.sql).
+            IF v_stale THEN
+                PERFORM 1
+                   FROM queriers q
+                  WHERE q.querier = v_querier
+                    AND q.state = 'active'
+                    AND q.last_seen < now() - p_touch_ms * interval '1 millisecond'
+                    FOR NO KEY UPDATE SKIP LOCKED;
+                IF FOUND THEN
+                    UPDATE queriers q SET last_seen = now() WHERE q.querier = v_querier;
+                END IF;
+            END IF;
             v_count := coalesce(cardinality(v_components), 0);
 
             -- Where one tenant is all the order holds, the fair requests of this service and
             -- querier take their items as sets of the order's head for as long as that is
             -- exact (see claim_fair_round), then go on one item at a time below.
             IF querier_state = 'active' AND v_count = 1 AND NOT v_contested[1] THEN
-                v_run := ARRAY(SELECT r.i
-                                 FROM unnest(p_services, p_queriers, p_strategies)
-                                      WITH ORDINALITY AS r(service, querier, strategy, i)
-                                WHERE (r.service, r.querier) = (v_service, v_querier)
-                                  AND r.strategy IS NULL
-                                ORDER BY r.i);
                 LOOP
-                    -- The request of each item the run still wants, in the order served.
+                    -- The request of each item the run (the fair requests of this service and
+                    -- querier) still wants, in the order served.
                     v_slots := ARRAY(SELECT r.i
-                                       FROM unnest(v_run) WITH ORDINALITY AS r(i, place)
+                                       FROM unnest(p_services, p_queriers, p_strategies)
+                                            WITH ORDINALITY AS r(service, querier, strategy, i)
                                       CROSS JOIN LATERAL
                                             generate_series(1, p_maxes[r.i] - v_served[r.i]) g
-                                      ORDER BY r.place, g);
+                                      WHERE (r.service, r.querier) = (v_service, v_querier)
+                                        AND r.strategy IS NULL
+                                      ORDER BY r.i, g);
                     EXIT WHEN cardinality(v_slots) = 0;
                     v_set_claimed := 0;
                     v_set_missed := false;
@@ -351,7 +368,8 @@ BEGIN
                         retry_ms := v_retry_ms[v_set.request];
                         RETURN NEXT;
                     END LOOP;
-                    EXIT WHEN v_set_claimed = 0 OR v_set_missed;
+                    -- A set that took every item wanted leaves none to look for again.
+                    EXIT WHEN v_set_claimed IN (0, cardinality(v_slots)) OR v_set_missed;
                 END LOOP;
             END IF;
         END IF;

@@ -92,6 +92,10 @@ DECLARE
     -- The owners of the batch's items, and those of them this transaction holds.
     v_wanted text[];
     v_owners text[];
+    -- Whether a workflow may grow in a batch that is to be its own transaction.
+    v_grows boolean;
+    -- Whether another transaction held some owner, whose endings are then left alone.
+    v_some_held boolean := false;
     -- What the batch settles itself: its tenant rows' changes and the jobs it emptied.
     v_settles boolean;
     v_tenant_services text[] := '{}';
@@ -100,24 +104,28 @@ DECLARE
     v_tenant_activate boolean[] := '{}';
     v_emptied uuid[] := '{}';
 BEGIN
-    -- Whether any ending could grow its workflow, asked as the ending itself answers it below
+    -- The owners of the batch's items, and, for a batch that is its own transaction, whether
+    -- any ending could grow its workflow, asked as the ending itself answers it below
     -- (fans_out, may_aggregate), from what never changes: the item's job and step.
-    IF p_in_one_statement AND EXISTS (
-        SELECT 1
-          FROM unnest(p_ids, p_statuses, p_results) AS r(id, status, results)
-          JOIN work_items wi ON wi.id = r.id
-         WHERE (jsonb_array_length(coalesce(r.results, '[]')) > 0
-                AND EXISTS (SELECT 1
-                              FROM job_steps next_step
-                             WHERE next_step.job_id = wi.job_id
-                               AND next_step.step_index = wi.step_index + 1
-                               AND NOT next_step.aggregate))
-            OR (r.status NOT IN ('ready', 'scheduled')
-                AND EXISTS (SELECT 1
-                              FROM job_steps aggregate_step
-                             WHERE aggregate_step.job_id = wi.job_id
-                               AND aggregate_step.aggregate))
-    ) THEN
+    SELECT array_agg((SELECT j.username FROM jobs j WHERE j.job_id = wi.job_id)),
+           p_in_one_statement
+           AND coalesce(bool_or(
+                   (jsonb_array_length(coalesce(r.results, '[]')) > 0
+                    AND EXISTS (SELECT 1
+                                  FROM job_steps next_step
+                                 WHERE next_step.job_id = wi.job_id
+                                   AND next_step.step_index = wi.step_index + 1
+                                   AND NOT next_step.aggregate))
+                   OR (r.status NOT IN ('ready', 'scheduled')
+                       AND EXISTS (SELECT 1
+                                     FROM job_steps aggregate_step
+                                    WHERE aggregate_step.job_id = wi.job_id
+                                      AND aggregate_step.aggregate))),
+                   false)
+      INTO v_wanted, v_grows
+      FROM unnest(p_ids, p_statuses, p_results) AS r(id, status, results)
+      JOIN work_items wi ON wi.id = r.id;
+    IF v_grows THEN
         RETURN QUERY SELECT 0, NULL::uuid, NULL::integer, NULL::text, NULL::text,
                             NULL::boolean, NULL::boolean, NULL::boolean, NULL::text, NULL::text,
                             NULL::boolean, NULL::boolean, NULL::integer, false, true;
@@ -128,9 +136,6 @@ BEGIN
     -- The owners' users rows first (the lock order): all of them, waiting, or only those
     -- free now. The statements below take fresh snapshots, so they read each item as the last
     -- transaction that held its owner left it.
-    v_wanted := ARRAY(SELECT (SELECT j.username FROM jobs j WHERE j.job_id = wi.job_id)
-                        FROM work_items wi
-                       WHERE wi.id = ANY(p_ids));
     IF p_wait_for_owners THEN
         SELECT coalesce(array_agg(held.username), '{}')
           INTO v_owners
@@ -142,15 +147,17 @@ BEGIN
                               WHERE u.username = w.username
                                 FOR NO KEY UPDATE) held;
     ELSE
-        SELECT coalesce(array_agg(held.username), '{}')
-          INTO v_owners
+        SELECT coalesce(array_agg(held.username) FILTER (WHERE held.username IS NOT NULL),
+                        '{}'),
+               count(*) > count(held.username)
+          INTO v_owners, v_some_held
           FROM (SELECT DISTINCT w.username
                   FROM unnest(v_wanted) AS w(username)
                  ORDER BY w.username) w
-         CROSS JOIN LATERAL (SELECT u.username
+          LEFT JOIN LATERAL (SELECT u.username
                                FROM users u
                               WHERE u.username = w.username
-                                FOR NO KEY UPDATE SKIP LOCKED) held;
+                                FOR NO KEY UPDATE SKIP LOCKED) held ON true;
     END IF;
 
     -- Every item, then every counter row, each updated once with the sum of its deltas: a
@@ -387,8 +394,8 @@ BEGIN
     END IF;
 
     -- The endings left alone because another transaction held their owner: their items still
-    -- run under the attempts named.
-    IF NOT p_wait_for_owners THEN
+    -- run under the attempts named. (None when every owner was free.)
+    IF v_some_held THEN
         RETURN QUERY
             SELECT r.i::integer, NULL::uuid, NULL::integer, NULL::text, NULL::text,
                    NULL::boolean, NULL::boolean, NULL::boolean, NULL::text, NULL::text,
