@@ -63,7 +63,7 @@ $(KUBECTL):
 
 ## Measure the broker beside its baselines (about 13 minutes on 2 cores); results in docs/bench/.
 bench:
-	$(CARGO) run --release -- bench --json docs/bench/results.json
+	$(CARGO) run --release -- bench --lane-shares 0,10,50 --json docs/bench/results.json
 
 ## Many users: fair beside fifo_batched at 10 × 10,000 (the reference for a flat p99), then at
 ## 10,000 and 100,000 users × 1,000,000 items, each run long enough to serve 10 items a user
@@ -78,10 +78,11 @@ bench-scale:
 bench-quick:
 	$(CARGO) build --release --bin fairway
 ifdef DATABASE_URL
-	./target/release/fairway bench --quick --json target/bench-quick/results.json
+	./target/release/fairway bench --quick --lane-shares 0,50 --json target/bench-quick/results.json
 else
 	./target/release/fairway postgres --data-dir target/bench-postgres --ephemeral -- \
-		./target/release/fairway bench --quick --json target/bench-quick/results.json
+		./target/release/fairway bench --quick --lane-shares 0,50 \
+		--json target/bench-quick/results.json
 endif
 
 ## The fault suite: 3 brokers and 40 workers on a durable PostgreSQL in target/chaos-postgres,

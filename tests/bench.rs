@@ -185,6 +185,35 @@ async fn the_policies_point_runs_with_and_without_policies_and_counters_stay_exa
     assert_counters_exact().await;
 }
 
+/// The lanes' point measures one service, then two services side by side, each claimed by half
+/// the workers, with the share of users asked for having work in both; counters stay exact.
+#[tokio::test]
+async fn the_lanes_point_runs_one_service_then_two_with_shared_users() {
+    let _only = BENCH_DATABASE.lock().await;
+    let flags =
+        ["--points", "4x600", "--paths", "fair", "--wide-max", "1", "--lane-shares", "0,50"];
+    let report = bench(&flags).await;
+    let runs = report["runs"].as_array().expect("runs");
+    let legs: Vec<&str> = runs.iter().filter_map(|run| run["path"].as_str()).collect();
+    assert_eq!(legs, ["fair", "fair_one_lane", "fair_two_lanes_0", "fair_two_lanes_50"]);
+    for run in &runs[1..] {
+        assert_eq!((&run["users"], &run["errors"]), (&json!(1000), &json!(0)), "{run}");
+        assert!(run["claims_per_s"].as_f64().is_some_and(|rate| rate > 0.0), "{run}");
+    }
+    let db = bench_database().await;
+    let in_both = "SELECT count(*) FROM (SELECT username FROM user_work GROUP BY username
+                                        HAVING count(DISTINCT service) = 2) shared";
+    let shared: i64 = db.query_one(in_both, &[]).await.expect("users in both").get(0);
+    assert_eq!(shared, 500, "half the users have work in both services");
+    let worked: i64 = db
+        .query_one("SELECT count(DISTINCT service) FROM user_work WHERE successful_count > 0", &[])
+        .await
+        .expect("services worked in")
+        .get(0);
+    assert_eq!(worked, 2, "the workers claimed from both services");
+    assert_counters_exact().await;
+}
+
 /// With ready work in three services a user keeps exact counters, though a claim moves only the
 /// queue row it claims from and an ending only the rows that would lead, whether the workers
 /// claim from one service or from all three; and the WAL says what each claim wrote.

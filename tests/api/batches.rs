@@ -1,6 +1,7 @@
 //! Group commit: claims and attempt endings that arrive together share one transaction, and
 //! each still gets its own answer.
 
+use std::pin::pin;
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -284,4 +285,47 @@ async fn end_successfully(app: &TestApp, ids: &[i64], attempts: &[i32]) -> Vec<(
         rows.iter().map(|row| (row.get("ending"), row.get("deferred"))).collect();
     answers.sort_unstable();
     answers
+}
+
+/// A service's claims take turns, in every broker: a claim batch waits for its service's claim
+/// lock, here held by another session as another broker's batch would hold it, while a claim
+/// for another service goes on in a lane of its own.
+#[tokio::test]
+async fn a_services_claims_take_turns_while_other_services_go_on_beside_them() {
+    let app = spawn_app().await;
+    app.submit_simple("alice", "held", 1, true).await;
+    app.submit_simple("bob", "free", 1, true).await;
+    let (holder, connection) = app.config.connect().await.expect("a second connection");
+    tokio::spawn(connection);
+    holder
+        .batch_execute(
+            "BEGIN; SELECT pg_advisory_xact_lock(hashtextextended('fairway claims held', 0))",
+        )
+        .await
+        .expect("hold the service's claim lock");
+
+    let mut held_claim = pin!(app.claim("held"));
+    let waiting_for_the_lock = async {
+        let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+        while app.db.query_one(waiting, &[]).await.expect("locks").get::<_, i64>(0) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let within = Duration::from_secs(10);
+    tokio::select! {
+        _ = &mut held_claim => panic!("the claim did not wait for its service's claim lock"),
+        waited = tokio::time::timeout(within, waiting_for_the_lock) => {
+            waited.expect("the claim never waited for its service's claim lock");
+        }
+    }
+    let other = tokio::select! {
+        _ = &mut held_claim => panic!("the claim went on while its service's lock was held"),
+        other = tokio::time::timeout(within, app.claim("free")) => other,
+    };
+    let other = other.expect("a claim for another service waited behind the held one");
+    assert!(other.is_some(), "a claim for another service got nothing");
+
+    holder.batch_execute("COMMIT").await.expect("let the lock go");
+    assert!(held_claim.await.is_some(), "the claim took its item once the lock was free");
+    app.assert_consistent().await;
 }

@@ -40,7 +40,7 @@ async fn a_transient_deadlock_in_a_status_update_is_retried_and_counted() {
 #[tokio::test]
 async fn a_deadlocked_batch_runs_again_whole_for_all_its_endings() {
     let mut args = ServeArgs::for_tests();
-    args.batches.batch_lanes = 1;
+    args.batches.ending_lanes = 1;
     let app = spawn_app_with(args).await;
     let job = app
         .submit(json!({

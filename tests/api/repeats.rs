@@ -141,7 +141,7 @@ async fn a_repeated_retryable_failure_answers_ready_even_once_the_item_went_agai
 #[tokio::test]
 async fn many_identical_repeats_racing_on_two_brokers_end_the_attempt_once() {
     let mut args = ServeArgs::for_tests();
-    args.batches.batch_lanes = 4;
+    args.batches.ending_lanes = 4;
     let app = spawn_app_with(args).await;
     let other = spawn_broker(ServeArgs::for_tests(), app.config.clone()).await;
     let job = app

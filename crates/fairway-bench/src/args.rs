@@ -197,6 +197,15 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1_000)]
     pub policy_users: u32,
 
+    /// Beside the matrix, `fair` at 1,000 users × 10,000 items in one service
+    /// (`fair_one_lane`), then in two services, half the workers claiming from each, once per
+    /// percentage given here of users with work in both (`fair_two_lanes_<percent>`); the
+    /// others have work in one. Each service's claims run in a lane of their own, so two
+    /// services should claim at least as fast as one. Not run unless given, as `make bench`
+    /// gives it: `--lane-shares 0,10,50`.
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub lane_shares: Vec<u8>,
+
     /// Run the `http` paths with auth on: the brokers get an admin token, and the workers claim
     /// and report with a worker token (scoped to the bench's service), as in production. Off:
     /// no token, as a broker on loopback without tokens serves.

@@ -95,6 +95,7 @@ async fn run_matrix(args: &BenchArgs, admin_config: &Database) -> Result<Report,
         components: args.components as usize,
         services: 1,
         claim_every_service: false,
+        shared_percent: 100,
         metadata: args.paths.iter().any(|path| path.strategy().is_some()),
         policies: false,
     };
@@ -160,6 +161,34 @@ async fn run_matrix(args: &BenchArgs, admin_config: &Database) -> Result<Report,
             }
         }
     }
+    // One service's lane, then two services' lanes side by side with some users in both.
+    if !args.lane_shares.is_empty() && args.paths.contains(&BenchPath::Fair) {
+        let one_lane = (1, false, 100, ONE_LANE_PATH.to_owned());
+        let two_lanes = args
+            .lane_shares
+            .iter()
+            .map(|&shared| (2, true, shared, format!("{TWO_LANES_PATH}_{shared}")));
+        for (services, claim_every_service, shared_percent, name) in
+            std::iter::once(one_lane).chain(two_lanes)
+        {
+            let point = Point {
+                users: COMPETING_TENANTS_USERS,
+                backlog: COMPETING_TENANTS_BACKLOG,
+                partitions: seed::Partitions {
+                    services,
+                    claim_every_service,
+                    shared_percent,
+                    jobs_per_user: 2,
+                    ..partitions
+                },
+            };
+            let legs = [(BenchPath::Fair, usize::from(args.max))];
+            for mut run in run_point(args, admin_config, point, &legs, &mut postgres).await? {
+                run.path = name.clone();
+                runs.push(run);
+            }
+        }
+    }
     // Users with policies, and the same point without them, back to back on the same seed.
     if args.policy_users > 0 && args.paths.contains(&BenchPath::Fair) {
         for (policies, name) in [(false, NO_POLICIES_PATH), (true, POLICIES_PATH)] {
@@ -188,6 +217,9 @@ const COMPETING_TENANTS_USERS: usize = 1_000;
 const COMPETING_TENANTS_BACKLOG: usize = 10_000;
 pub const COMPETING_TENANTS_PATH: &str = "fair_tenants";
 pub const SERVICES_PER_USER_PATH: &str = "fair_services";
+/// The lanes runs (see --lane-shares): one service, and two with a percentage of shared users.
+pub const ONE_LANE_PATH: &str = "fair_one_lane";
+pub const TWO_LANES_PATH: &str = "fair_two_lanes";
 pub const EVERY_SERVICE_PATH: &str = "fair_every_service";
 /// `fair` where a third of the users are weighted 1 to 8, a tenth capped and a tenth
 /// rate-limited, and the same point with no policy, run just before it (--policy-users).
@@ -347,7 +379,6 @@ async fn run_path(
         }
         other => match FifoStatements::of(other) {
             Some(statements) => {
-                let lanes = args.batches.batch_lanes.into();
                 let most = args.batches.batch_max.into();
                 // Their statements planned once per connection, as plpgsql keeps the plans of
                 // the broker's claim and endings: planned afresh per batch, they would pay for
@@ -360,8 +391,9 @@ async fn run_path(
                 Runner::FifoBatched {
                     pool: db::pool::connect(&planned_once, pool_size(args))?,
                     statements,
-                    claims: Batches::new(lanes, most),
-                    completions: Batches::new(lanes, most),
+                    // One claim lane, as the broker has for each service.
+                    claims: Batches::new(1, most),
+                    completions: Batches::new(args.batches.ending_lanes.into(), most),
                 }
             }
             None => Runner::Sql { pool: pool.clone(), path: other },

@@ -7,7 +7,8 @@ use serde::Serialize;
 
 use super::{
     is_wakeup, BenchError, COMPETING_TENANTS_PATH, EVERY_SERVICE_PATH, JOB_WAKEUP_PATH,
-    NO_POLICIES_PATH, POLICIES_PATH, SERVICES_PER_USER_PATH, WAKEUP_PATH,
+    NO_POLICIES_PATH, ONE_LANE_PATH, POLICIES_PATH, SERVICES_PER_USER_PATH, TWO_LANES_PATH,
+    WAKEUP_PATH,
 };
 
 #[derive(Debug, Clone, Serialize)]
@@ -235,6 +236,29 @@ impl Report {
                             run.users,
                             run.backlog,
                             many / one
+                        )
+                    })
+                    .unwrap_or_default(),
+            ));
+        }
+
+        // Two services' claim lanes side by side claim at least as fast as one service's lane.
+        let one_lane = self.runs.iter().find(|run| run.path == ONE_LANE_PATH);
+        let two_lanes = self.runs.iter().filter(|run| run.path.starts_with(TWO_LANES_PATH));
+        for (one, two) in two_lanes.filter_map(|two| one_lane.map(|one| (one, two))) {
+            let shared = two.path.trim_start_matches(TWO_LANES_PATH).trim_start_matches('_');
+            let ratio = two.claims_per_s.zip(one.claims_per_s);
+            targets.push((
+                format!("fair in two services' lanes, {shared} % of users in both, ≥ 1.0 × one"),
+                ratio.map(|(two, one)| two >= one),
+                ratio
+                    .map(|(two_rate, one_rate)| {
+                        format!(
+                            "{}u/{}: {two_rate:.0} vs {one_rate:.0}: {:.3}x, Jain {}",
+                            two.users,
+                            two.backlog,
+                            two_rate / one_rate,
+                            two.jain.map(|jain| format!("{jain:.4}")).unwrap_or_default()
                         )
                     })
                     .unwrap_or_default(),

@@ -86,6 +86,9 @@ pub struct Partitions {
     /// than from the benched one alone. The jobs are then dealt over the services in turn, so
     /// each user has work in every service when it has a multiple of `services` jobs.
     pub claim_every_service: bool,
+    /// Of the users, the percentage whose jobs are dealt over every service when the workers
+    /// claim from every one; the others' jobs all go to one service, the users in turn.
+    pub shared_percent: u8,
     /// Whether jobs get metadata and priorities, for the strategy paths.
     pub metadata: bool,
     /// Whether users get policies (`user_policy`): weights, caps and rate limits.
@@ -104,10 +107,13 @@ impl Partitions {
 
     /// Job `index`'s service, where `users` users own the jobs in turn.
     fn service(self, index: usize, users: usize) -> String {
-        if self.claim_every_service {
+        let owner = index % users;
+        if !self.claim_every_service {
+            SERVICE.to_owned()
+        } else if owner * 100 < usize::from(self.shared_percent) * users {
             service_name(index / users % self.services)
         } else {
-            SERVICE.to_owned()
+            service_name(owner % self.services)
         }
     }
 

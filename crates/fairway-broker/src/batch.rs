@@ -3,7 +3,7 @@
 //! one transaction. Under load that pays a commit, a round trip and a statement start per batch
 //! instead of per item; when requests are sparse each goes alone, without waiting for company.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -32,6 +32,9 @@ struct Inner<R, T> {
     queue: Mutex<VecDeque<Queued<R, T>>>,
     /// One permit per lane that may run a batch at the same time.
     lanes: Arc<Semaphore>,
+    /// Permits this queue's lanes share with other queues' (see [`KeyedBatches`]): a lane
+    /// holds one while it runs batches.
+    shared: Option<Arc<Semaphore>>,
     most: usize,
 }
 
@@ -43,10 +46,15 @@ struct Queued<R, T> {
 impl<R: Send + 'static, T: Send + 'static> Batches<R, T> {
     /// At most `lanes` batches run at once, each of at most `most` requests.
     pub fn new(lanes: usize, most: usize) -> Self {
+        Self::with_shared(lanes, most, None)
+    }
+
+    fn with_shared(lanes: usize, most: usize, shared: Option<Arc<Semaphore>>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 queue: Mutex::new(VecDeque::new()),
                 lanes: Arc::new(Semaphore::new(lanes.max(1))),
+                shared,
                 most: most.max(1),
             }),
         }
@@ -92,6 +100,11 @@ impl<R: Send + 'static, T: Send + 'static> Inner<R, T> {
         };
         let inner = self.clone();
         tokio::spawn(async move {
+            // The semaphore is never closed, so this waits for a permit and gets one.
+            let shared = match &inner.shared {
+                Some(shared) => shared.clone().acquire_owned().await.ok(),
+                None => None,
+            };
             loop {
                 let batch = inner.take_batch();
                 if batch.is_empty() {
@@ -111,6 +124,7 @@ impl<R: Send + 'static, T: Send + 'static> Inner<R, T> {
                     unanswered(unread).await;
                 }
             }
+            drop(shared);
             drop(permit);
             // A request queued after the queue was found empty, but before the permit went
             // back, found every lane busy: it must not wait for the next caller.
@@ -132,6 +146,48 @@ impl<R: Send + 'static, T: Send + 'static> Inner<R, T> {
             }
         }
         batch
+    }
+}
+
+/// Queues of requests by key (a claim's service): requests of one key share batches, and
+/// each key's batches run one at a time, while those of different keys run side by side, up
+/// to a number of lanes in all.
+pub struct KeyedBatches<R, T> {
+    queues: Mutex<HashMap<String, Batches<R, T>>>,
+    /// The queue of the keys that come after [`MOST_KEYS`] others.
+    overflow: Batches<R, T>,
+    lanes: Arc<Semaphore>,
+    most: usize,
+}
+
+/// Keys with a queue of their own. Keys come from requests (a claim may name any service), so
+/// the map is bounded; the keys past it share one queue.
+const MOST_KEYS: usize = 1024;
+
+impl<R: Send + 'static, T: Send + 'static> KeyedBatches<R, T> {
+    /// At most `lanes` batches run at once over all keys, each of at most `most` requests.
+    pub fn new(lanes: usize, most: usize) -> Self {
+        let lanes = Arc::new(Semaphore::new(lanes.max(1)));
+        Self {
+            queues: Mutex::new(HashMap::new()),
+            overflow: Batches::with_shared(1, most, Some(lanes.clone())),
+            lanes,
+            most,
+        }
+    }
+
+    /// The queue of `key`'s requests.
+    pub fn queue(&self, key: &str) -> Batches<R, T> {
+        let mut queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(queue) = queues.get(key) {
+            return queue.clone();
+        }
+        if queues.len() >= MOST_KEYS {
+            return self.overflow.clone();
+        }
+        let queue = Batches::with_shared(1, self.most, Some(self.lanes.clone()));
+        queues.insert(key.to_owned(), queue.clone());
+        queue
     }
 }
 
@@ -286,6 +342,65 @@ mod tests {
     }
 
     async fn nobody(_: Vec<u32>) {}
+
+    /// Counts the batches running at once, per key and in all, while each takes a while.
+    #[derive(Default)]
+    struct Overlap {
+        running: Mutex<HashMap<&'static str, usize>>,
+        most_per_key: AtomicUsize,
+        most_in_all: AtomicUsize,
+    }
+
+    impl Overlap {
+        async fn run(&self, key: &'static str) {
+            {
+                let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+                *running.entry(key).or_default() += 1;
+                self.most_per_key.fetch_max(running[key], Ordering::SeqCst);
+                self.most_in_all.fetch_max(running.values().sum(), Ordering::SeqCst);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+            *running.entry(key).or_default() -= 1;
+        }
+    }
+
+    /// Sends four requests of each key, one batch each, and returns the most batches that ran
+    /// at once for one key and in all.
+    async fn overlap(lanes: usize) -> (usize, usize) {
+        let keyed: KeyedBatches<u32, u32> = KeyedBatches::new(lanes, 1);
+        let overlap = Arc::new(Overlap::default());
+        let calls = ["a", "b"].into_iter().flat_map(|key| {
+            let queue = keyed.queue(key);
+            let overlap = overlap.clone();
+            (0..4).map(move |request| {
+                let overlap = overlap.clone();
+                let run = move |batch: Vec<u32>| {
+                    let overlap = overlap.clone();
+                    async move {
+                        overlap.run(key).await;
+                        batch
+                    }
+                };
+                let queue = queue.clone();
+                async move { queue.submit(request, run, nobody).await }
+            })
+        });
+        let answers = join_all(calls).await;
+        assert!(answers.iter().all(Option::is_some), "every request answered");
+        let most_per_key = overlap.most_per_key.load(Ordering::SeqCst);
+        (most_per_key, overlap.most_in_all.load(Ordering::SeqCst))
+    }
+
+    #[tokio::test]
+    async fn keys_run_side_by_side_and_each_key_one_batch_at_a_time() {
+        assert_eq!(overlap(2).await, (1, 2));
+    }
+
+    #[tokio::test]
+    async fn keys_take_turns_when_there_is_one_lane_for_all() {
+        assert_eq!(overlap(1).await, (1, 1));
+    }
 
     /// A batch that fails as a whole is retried one request at a time: the request that broke
     /// it gets its error, the others their answers.

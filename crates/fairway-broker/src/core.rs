@@ -16,7 +16,6 @@ pub struct Core {
     pub settings: BrokerSettings,
     pub signals: WorkSignals,
     pub metrics: Arc<Metrics>,
-    /// When workers last asked for each service, as this broker saw them.
     /// Set once the broker is stopping: it starts no claim, and waiting claims answer at once.
     pub draining: watch::Sender<bool>,
     /// Test-only: deadlocks a test arms (cargo feature `fault-injection`).

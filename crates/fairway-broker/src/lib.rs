@@ -46,7 +46,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::core::Core;
 use crate::metrics::Metrics;
-use batch::Batches;
+use batch::{Batches, KeyedBatches};
 pub use claims::Claims;
 pub use endings::Endings;
 pub use error::BrokerError;
@@ -72,9 +72,12 @@ pub struct BrokerSettings {
     pub max_retries: u32,
     /// How long a querier that neither asks for work nor holds a lease stays a member.
     pub querier_forget_delay: Duration,
-    /// How many claim transactions, and how many attempt-ending transactions, run at once;
-    /// requests that arrive meanwhile queue and go together in the next one.
-    pub batch_lanes: usize,
+    /// How many claim transactions run at once, each for a different service; claims that
+    /// arrive meanwhile queue and go together in their service's next one.
+    pub claim_lanes: usize,
+    /// How many attempt-ending transactions run at once; endings that arrive meanwhile queue
+    /// and go together in the next one.
+    pub ending_lanes: usize,
     /// Most requests one such transaction serves.
     pub batch_max: usize,
     /// Longest a long poll is held, whatever the request asks.
@@ -118,20 +121,20 @@ impl Broker {
             metrics,
             draining: watch::Sender::new(false),
         });
-        let (lanes, most) = (settings.batch_lanes, settings.batch_max);
+        let most = settings.batch_max;
         // Each claim batch that commits releases the users rows it held, which deferred
         // endings wait for.
         let claims_committed = Arc::new(Notify::new());
         let tenancy = Tenancy::new(core.clone());
         let endings = Endings::new(
             core.clone(),
-            Batches::new(lanes, most),
+            Batches::new(settings.ending_lanes, most),
             claims_committed.clone(),
             tenancy.clone(),
         );
         let claims = Claims::new(
             core.clone(),
-            Batches::new(lanes, most),
+            KeyedBatches::new(settings.claim_lanes, most),
             claims_committed,
             endings.clone(),
             tenancy.clone(),

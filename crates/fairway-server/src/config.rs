@@ -113,7 +113,7 @@ impl ServeArgs {
             shutdown_timeout: Duration::from_secs(20),
             max_body_bytes: 1024 * 1024,
             long_poll_max: Duration::from_secs(60),
-            batches: BatchArgs { batch_lanes: 1, batch_max: 32 },
+            batches: BatchArgs { claim_lanes: 4, ending_lanes: 1, batch_max: 32 },
             vacuum: VacuumArgs { vacuum_interval: Duration::ZERO },
             prune: PruneArgs { retention: Duration::ZERO, prune_interval: Duration::from_secs(60) },
             metrics: MetricsArgs {
@@ -307,12 +307,18 @@ pub struct VacuumArgs {
 /// shared transactions (group commit).
 #[derive(Debug, Clone, Copy, Args)]
 pub struct BatchArgs {
-    /// How many claim transactions, and how many transactions ending attempts, run at once;
-    /// requests that arrive meanwhile queue and go together in the next one. More claim lanes
-    /// race each other for the head of the same fair order.
-    #[arg(long, env = "FAIRWAY_BATCH_LANES", default_value_t = 1,
+    /// How many claim transactions run at once, each for a different service. A service's
+    /// claims go one transaction at a time, in every broker in turn, since they would race for
+    /// the head of the same fair order; claims that arrive meanwhile go together in its next.
+    #[arg(long, env = "FAIRWAY_CLAIM_LANES", default_value_t = 4,
           value_parser = clap::value_parser!(u16).range(1..))]
-    pub batch_lanes: u16,
+    pub claim_lanes: u16,
+
+    /// How many transactions ending attempts run at once; reports that arrive meanwhile go
+    /// together in the next one.
+    #[arg(long, env = "FAIRWAY_ENDING_LANES", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub ending_lanes: u16,
 
     /// Most requests one such transaction serves. Batches smaller than the number of workers
     /// let a claim transaction and an ending transaction run side by side, on different

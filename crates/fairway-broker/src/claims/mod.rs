@@ -13,7 +13,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::batch::{answer_each, batch_index, in_batch, Batches};
+use crate::batch::{answer_each, batch_index, in_batch, KeyedBatches};
 use crate::core::Core;
 use crate::db::sql;
 use crate::metrics::{ClaimOutcome, ClaimedItem};
@@ -95,7 +95,9 @@ impl Limit {
 #[derive(Clone)]
 pub struct Claims {
     core: Arc<Core>,
-    batches: Batches<ClaimRequest, Result<Look, BrokerError>>,
+    /// A queue per service: the claim order is per service, so claims for one service take
+    /// turns on its head, while other services' go on beside them.
+    batches: Arc<KeyedBatches<ClaimRequest, Result<Look, BrokerError>>>,
     /// Notified when a claim batch of this broker commits: the users rows it held are free.
     committed: Arc<Notify>,
     endings: Endings,
@@ -110,12 +112,13 @@ pub struct Claims {
 impl Claims {
     pub(crate) fn new(
         core: Arc<Core>,
-        batches: Batches<ClaimRequest, Result<Look, BrokerError>>,
+        batches: KeyedBatches<ClaimRequest, Result<Look, BrokerError>>,
         committed: Arc<Notify>,
         endings: Endings,
         tenancy: Tenancy,
     ) -> Self {
         let (named, asks) = (Arc::default(), Arc::default());
+        let batches = Arc::new(batches);
         Self { core, batches, committed, endings, tenancy, named, asks }
     }
 }
@@ -179,8 +182,8 @@ impl Claims {
 
     /// One look, made together with the looks of other workers that arrive meanwhile.
     async fn look_for_work(&self, request: &ClaimRequest) -> Result<Look, BrokerError> {
-        in_batch(self, &self.batches, request.clone(), Self::look_in_batch, Self::unread_looks)
-            .await
+        let queue = self.batches.queue(request.service.as_str());
+        in_batch(self, &queue, request.clone(), Self::look_in_batch, Self::unread_looks).await
     }
 
     /// Looks whose callers left while their batch ran: the items they claimed go back.

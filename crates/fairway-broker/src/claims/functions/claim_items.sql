@@ -71,8 +71,9 @@
 -- Each batch puts back into the order the users whose buckets have come due, before its first
 -- item.
 --
--- Locks, in the order every transaction keeps: the service_policies rows of capped or limited
--- services, in service order (admit_services); the tenant rows with logged changes, folded
+-- Locks, in the order every transaction keeps: the batch's services' advisory claim locks, in
+-- service order, waited for (a service's claims take turns across brokers); the
+-- service_policies rows of capped or limited services, in service order (admit_services); the tenant rows with logged changes, folded
 -- next (fold_tenant_running_changes); the users rows whose buckets came due (SKIP LOCKED); then
 -- per item the user's users row (SKIP LOCKED), a policed tenant's tenants row (SKIP LOCKED), a
 -- capped value's strategy_running row (SKIP LOCKED), the item, the counter rows; the tenant's
@@ -189,6 +190,8 @@ DECLARE
     v_logged boolean;
     -- Whether the querier's last_seen is older than p_touch_ms.
     v_stale boolean;
+    -- Whether the services' claim locks are held (always, once asked).
+    v_locked boolean;
     v_admitted record;
     v_user record;
     v_limited text[];
@@ -198,8 +201,16 @@ BEGIN
     -- What the batch must do before its first item, asked in one statement: a batch of
     -- services without a policy, with no user's bucket come due and no tenant's change logged
     -- pays only this. The requests are served in (service, querier) order, so that the
-    -- membership check and the component list are made once per querier and service.
-    SELECT EXISTS (SELECT 1
+    -- membership check and the component list are made once per querier and service. First,
+    -- the services' claim locks, in name order: claims for a service take turns, in every
+    -- broker, rather than race for the head of the same order.
+    SELECT (SELECT count(*)
+              FROM (SELECT pg_advisory_xact_lock(hashtextextended('fairway claims ' || s.service,
+                                                                  0))
+                      FROM (SELECT DISTINCT r.service
+                              FROM unnest(p_services) AS r(service)) s
+                     ORDER BY s.service) locked) IS NOT NULL,
+           EXISTS (SELECT 1
                      FROM service_policies sp
                     WHERE sp.service = ANY (p_services)
                       AND (sp.max_running > 0 OR sp.rate_per_second > 0)),
@@ -208,7 +219,7 @@ BEGIN
            ARRAY(SELECT r.i
                    FROM unnest(p_services, p_queriers) WITH ORDINALITY AS r(service, querier, i)
                   ORDER BY r.service, r.querier, r.i)
-      INTO v_policed, v_users_due, v_logged, v_in_order;
+      INTO v_locked, v_policed, v_users_due, v_logged, v_in_order;
     -- Capped and rate-limited services first, before anything else is locked: each request's
     -- max is cut to what its service's policy still allows (admit_services).
     IF v_policed THEN
