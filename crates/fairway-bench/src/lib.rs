@@ -126,80 +126,12 @@ async fn run_matrix(args: &BenchArgs, admin_config: &Database) -> Result<Report,
         }
         runs.extend(run_point(args, admin_config, point, &legs, &mut postgres).await?);
     }
-    if args.competing_tenants > 1 && args.paths.contains(&BenchPath::Fair) {
-        let point = Point {
-            users: COMPETING_TENANTS_USERS,
-            backlog: COMPETING_TENANTS_BACKLOG,
-            partitions: seed::Partitions { tenants: args.competing_tenants as usize, ..partitions },
-        };
-        let legs = [(BenchPath::Fair, usize::from(args.max))];
-        for mut run in run_point(args, admin_config, point, &legs, &mut postgres).await? {
-            run.path = COMPETING_TENANTS_PATH.to_owned();
-            runs.push(run);
-        }
-    }
-    if args.services_per_user > 1 && args.paths.contains(&BenchPath::Fair) {
-        let services = args.services_per_user as usize;
-        for (claim_every_service, jobs_per_user, name) in [
-            (false, partitions.jobs_per_user, SERVICES_PER_USER_PATH),
-            (true, services, EVERY_SERVICE_PATH),
-        ] {
-            let point = Point {
-                users: COMPETING_TENANTS_USERS,
-                backlog: COMPETING_TENANTS_BACKLOG,
-                partitions: seed::Partitions {
-                    services,
-                    claim_every_service,
-                    jobs_per_user,
-                    ..partitions
-                },
-            };
+    if args.paths.contains(&BenchPath::Fair) {
+        for (name, users, partitions) in fair_beside_the_matrix(args, partitions) {
+            let point = Point { users, backlog: COMPETING_TENANTS_BACKLOG, partitions };
             let legs = [(BenchPath::Fair, usize::from(args.max))];
             for mut run in run_point(args, admin_config, point, &legs, &mut postgres).await? {
-                run.path = name.to_owned();
-                runs.push(run);
-            }
-        }
-    }
-    // One service's lane, then two services' lanes side by side with some users in both.
-    if !args.lane_shares.is_empty() && args.paths.contains(&BenchPath::Fair) {
-        let one_lane = (1, false, 100, ONE_LANE_PATH.to_owned());
-        let two_lanes = args
-            .lane_shares
-            .iter()
-            .map(|&shared| (2, true, shared, format!("{TWO_LANES_PATH}_{shared}")));
-        for (services, claim_every_service, shared_percent, name) in
-            std::iter::once(one_lane).chain(two_lanes)
-        {
-            let point = Point {
-                users: COMPETING_TENANTS_USERS,
-                backlog: COMPETING_TENANTS_BACKLOG,
-                partitions: seed::Partitions {
-                    services,
-                    claim_every_service,
-                    shared_percent,
-                    jobs_per_user: 2,
-                    ..partitions
-                },
-            };
-            let legs = [(BenchPath::Fair, usize::from(args.max))];
-            for mut run in run_point(args, admin_config, point, &legs, &mut postgres).await? {
-                run.path = name.clone();
-                runs.push(run);
-            }
-        }
-    }
-    // Users with policies, and the same point without them, back to back on the same seed.
-    if args.policy_users > 0 && args.paths.contains(&BenchPath::Fair) {
-        for (policies, name) in [(false, NO_POLICIES_PATH), (true, POLICIES_PATH)] {
-            let point = Point {
-                users: args.policy_users as usize,
-                backlog: COMPETING_TENANTS_BACKLOG,
-                partitions: seed::Partitions { policies, ..partitions },
-            };
-            let legs = [(BenchPath::Fair, usize::from(args.max))];
-            for mut run in run_point(args, admin_config, point, &legs, &mut postgres).await? {
-                run.path = name.to_owned();
+                run.path.clone_from(&name);
                 runs.push(run);
             }
         }
@@ -209,6 +141,48 @@ async fn run_matrix(args: &BenchArgs, admin_config: &Database) -> Result<Report,
     }
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     Ok(Report { command, machine: machine(postgres), runs })
+}
+
+/// The runs of `fair` alone beside the matrix, at 10,000 items, as (path, users, partitions):
+/// competing tenants, work in several services, one service's lane then two services' lanes,
+/// and users without then with policies (the same seed back to back), each as its flag asks.
+fn fair_beside_the_matrix(
+    args: &BenchArgs,
+    partitions: seed::Partitions,
+) -> Vec<(String, usize, seed::Partitions)> {
+    let mut runs = Vec::new();
+    if args.competing_tenants > 1 {
+        let tenants = args.competing_tenants as usize;
+        let competing = seed::Partitions { tenants, ..partitions };
+        runs.push((COMPETING_TENANTS_PATH.to_owned(), COMPETING_TENANTS_USERS, competing));
+    }
+    if args.services_per_user > 1 {
+        let services = args.services_per_user as usize;
+        for (claim_every_service, jobs_per_user, name) in [
+            (false, partitions.jobs_per_user, SERVICES_PER_USER_PATH),
+            (true, services, EVERY_SERVICE_PATH),
+        ] {
+            let several =
+                seed::Partitions { services, claim_every_service, jobs_per_user, ..partitions };
+            runs.push((name.to_owned(), COMPETING_TENANTS_USERS, several));
+        }
+    }
+    if !args.lane_shares.is_empty() {
+        let one = seed::Partitions { jobs_per_user: 2, ..partitions };
+        runs.push((ONE_LANE_PATH.to_owned(), COMPETING_TENANTS_USERS, one));
+        for &shared_percent in &args.lane_shares {
+            let two =
+                seed::Partitions { services: 2, claim_every_service: true, shared_percent, ..one };
+            runs.push((format!("{TWO_LANES_PATH}_{shared_percent}"), COMPETING_TENANTS_USERS, two));
+        }
+    }
+    if args.policy_users > 0 {
+        for (policies, name) in [(false, NO_POLICIES_PATH), (true, POLICIES_PATH)] {
+            let policed = seed::Partitions { policies, ..partitions };
+            runs.push((name.to_owned(), args.policy_users as usize, policed));
+        }
+    }
+    runs
 }
 
 /// Where the competing-tenants and many-services runs are measured (see --competing-tenants
