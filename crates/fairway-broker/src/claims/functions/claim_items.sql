@@ -73,8 +73,9 @@
 --
 -- Locks, in the order every transaction keeps: the batch's services' advisory claim locks, in
 -- service order, waited for (a service's claims take turns across brokers); the
--- service_policies rows of capped or limited services, in service order (admit_services); the tenant rows with logged changes, folded
--- next (fold_tenant_running_changes); the users rows whose buckets came due (SKIP LOCKED); then
+-- service_policies rows of capped or limited services, in service order (admit_services); the
+-- tenant rows with logged changes, folded next (fold_tenant_running_changes); the users rows
+-- whose buckets came due (SKIP LOCKED); then
 -- per item the user's users row (SKIP LOCKED), a policed tenant's tenants row (SKIP LOCKED), a
 -- capped value's strategy_running row (SKIP LOCKED), the item, the counter rows; the tenant's
 -- row last. A claim waits for a tenant row only when it
