@@ -1,0 +1,126 @@
+-- claim_fair_user: the user the fair order serves next, for one item of a worker's request,
+-- locked. The order's first three levels:
+-- 1. Component: the worker visits the components with claimable work (list_components) from
+--    its slot modulo their number, wrapping, until one yields a user.
+-- 2. Tenant, within the component: active tenant_queues rows by work in progress divided by
+--    the tenant's weight (share), then least recently worked, leaving out tenants sharded to
+--    other queriers and those the batch passed over.
+-- 3. User, within the tenant: the first in service_users_fair_order (least work in progress
+--    over all services divided by the user's weight, then least recently worked) whose users
+--    row is free, among the users in the order: one at its cap or with an empty bucket has
+--    left the index (in_order) until an ending or its due time puts it back. SKIP LOCKED sends
+--    a concurrent claimer on to the next user, tenant or component instead of queueing.
+--
+-- A queue row's copies of the user's counts and policy may lag them, never lead: claims move
+-- only the row they claim from. A row found lagging at the head is brought level, with the
+-- lagging rows of free users just behind it (where users are claimed in several services
+-- those mostly lag too), and the answer says stale: the caller reads the order again, so that
+-- the user it serves is the one that truly goes first.
+--
+-- Arguments: the service, querier, its components, the worker's slot, and the tenant queues
+-- passed over, as ROW(service, component, tenant)::text.
+-- Answer: username NULL when no user is free; else the user, its tenant and component, whether
+-- its row was stale, its queue row's ready count and its own jobs' (not under an actor) ready
+-- and running counts and last claim, and whether its tenant has a cap or a rate limit.
+-- Locks: the chosen user's users row (FOR NO KEY UPDATE SKIP LOCKED); levelling locks the
+-- lagging users' rows the same way, then writes their service_users rows.
+
+CREATE OR REPLACE FUNCTION claim_fair_user(
+    p_service text,
+    p_querier text,
+    p_components text[],
+    p_worker integer,
+    p_passed text[],
+    OUT username text,
+    OUT tenant text,
+    OUT component text,
+    OUT stale boolean,
+    OUT ready_count integer,
+    OUT local_ready integer,
+    OUT local_running integer,
+    OUT local_last_worked timestamptz,
+    OUT tenant_policed boolean
+)
+LANGUAGE plpgsql
+AS $user$
+DECLARE
+    v_count integer := cardinality(p_components);
+BEGIN
+    FOR turn IN 0 .. v_count - 1 LOOP
+        component := p_components[1 + (p_worker + turn) % v_count];
+        SELECT best.username, tq.tenant, best.stale, best.ready_count, best.local_ready,
+               best.local_running, best.local_last_worked,
+               t.max_running > 0 OR t.rate_per_second > 0
+          INTO username, tenant, stale, ready_count, local_ready, local_running,
+               local_last_worked, tenant_policed
+          FROM tenant_queues tq
+          JOIN tenants t ON t.tenant = tq.tenant
+         CROSS JOIN LATERAL (
+               SELECT u.username,
+                      (u.running_count, u.last_worked, u.weight, u.max_running,
+                       u.throttled_until IS NOT NULL)
+                          IS DISTINCT FROM (su.running_count, su.last_worked, su.weight,
+                                            su.max_running, su.throttled) AS stale,
+                      su.ready_count, su.local_ready, su.local_running, su.local_last_worked
+                 FROM service_users su
+                 JOIN users u ON u.username = su.username
+                WHERE su.service = p_service
+                  AND su.component = tq.component
+                  AND su.tenant = tq.tenant
+                  AND su.in_order
+                  AND su.ready_count > 0
+                ORDER BY su.share, su.last_worked NULLS FIRST, su.username
+                LIMIT 1
+                  FOR NO KEY UPDATE OF u SKIP LOCKED
+               ) best
+         WHERE tq.service = p_service
+           AND tq.component = claim_fair_user.component
+           AND tq.active
+           AND ROW(tq.service, tq.component, tq.tenant)::text <> ALL (p_passed)
+           -- A scalar subquery, not EXISTS: it stays a primary-key probe per tenant.
+           AND (NOT t.sharded
+                OR (SELECT true
+                      FROM tenant_shards ts
+                     WHERE ts.tenant = tq.tenant
+                       AND ts.querier = p_querier))
+         ORDER BY tq.share, tq.last_worked NULLS FIRST, tq.tenant
+         LIMIT 1;
+        EXIT WHEN FOUND;
+    END LOOP;
+    IF stale IS NOT TRUE THEN
+        RETURN;
+    END IF;
+    -- Level the row under the user's lock the pick took, with the lagging rows of free users
+    -- just behind it.
+    UPDATE service_users su
+       SET running_count = u.running_count,
+           last_worked = u.last_worked,
+           weight = u.weight,
+           max_running = u.max_running,
+           throttled = u.throttled_until IS NOT NULL
+      FROM (SELECT h.username
+              FROM (SELECT l.username, l.running_count, l.last_worked, l.weight,
+                           l.max_running, l.throttled
+                      FROM service_users l
+                     WHERE (l.service, l.component, l.tenant)
+                           = (p_service, claim_fair_user.component, claim_fair_user.tenant)
+                       AND l.in_order
+                       AND l.ready_count > 0
+                     ORDER BY l.share, l.last_worked NULLS FIRST, l.username
+                     LIMIT 16) h
+             WHERE h.username = claim_fair_user.username
+                OR (SELECT (seen.running_count, seen.last_worked, seen.weight,
+                            seen.max_running, seen.throttled_until IS NOT NULL)
+                               IS DISTINCT FROM (h.running_count, h.last_worked, h.weight,
+                                                 h.max_running, h.throttled)
+                      FROM users seen
+                     WHERE seen.username = h.username)) lagging
+      JOIN LATERAL (SELECT u.running_count, u.last_worked, u.weight, u.max_running,
+                           u.throttled_until
+                      FROM users u
+                     WHERE u.username = lagging.username
+                       FOR NO KEY UPDATE SKIP LOCKED) u ON true
+     WHERE (su.username, su.service, su.component, su.tenant)
+           = (lagging.username, p_service, claim_fair_user.component, claim_fair_user.tenant);
+END;
+$user$;
