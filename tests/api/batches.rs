@@ -11,7 +11,7 @@ use tokio_postgres::types::Json;
 use fairway_broker::db::sql::Statement;
 use fairway_broker::statements::{claims, endings};
 
-use crate::helpers::{spawn_app, TestApp};
+use crate::helpers::{spawn_app, spawn_app_with, TestApp};
 
 /// One claim statement for requests of two services and three queriers, one of them not a
 /// member yet and one shutting down: each request is answered for itself.
@@ -193,6 +193,33 @@ async fn an_ending_whose_owner_is_held_holds_up_no_other_ending() {
     let scraped = crate::metrics::scrape(&app).await;
     let deferrals = |then| scraped.get("fairway_ending_deferrals_total", &[("then", then)]);
     assert_eq!((deferrals("sent_again"), deferrals("waited")), (10.0, 1.0));
+    app.assert_consistent().await;
+}
+
+/// Each owner's reports go to one ending lane: with four lanes, reports on two users' items all
+/// at once never find an owner's row held by another of the broker's lanes, so none is deferred
+/// (no claim runs meanwhile to hold one).
+#[tokio::test]
+async fn one_owners_endings_keep_to_one_lane_and_never_defer_each_other() {
+    let mut args = fairway_server::config::ServeArgs::for_tests();
+    args.batches.ending_lanes = 4;
+    args.batches.batch_max = 4;
+    let app = spawn_app_with(args).await;
+    app.submit_simple("alice", "svc", 48, true).await;
+    app.submit_simple("bob", "svc", 48, true).await;
+    let items = app.claim_with("service=svc&querier=pod&max=96").await;
+    assert_eq!(items.len(), 96);
+    let reports = items.iter().map(|item| {
+        let attempt = item["attempt"].clone();
+        app.report(item, json!({ "status": "successful", "attempt": attempt, "results": [] }))
+    });
+    for answer in futures_util::future::join_all(reports).await {
+        assert_eq!(answer.status(), StatusCode::OK);
+    }
+    let scraped = crate::metrics::scrape(&app).await;
+    let deferrals =
+        |then| scraped.value("fairway_ending_deferrals_total", &[("then", then)]).unwrap_or(0.0);
+    assert_eq!((deferrals("sent_again"), deferrals("waited")), (0.0, 0.0));
     app.assert_consistent().await;
 }
 

@@ -46,7 +46,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::core::Core;
 use crate::metrics::Metrics;
-use batch::{Batches, KeyedBatches};
+use batch::KeyedBatches;
 pub use claims::Claims;
 pub use endings::Endings;
 pub use error::BrokerError;
@@ -75,8 +75,8 @@ pub struct BrokerSettings {
     /// How many claim transactions run at once, each for a different service; claims that
     /// arrive meanwhile queue and go together in their service's next one.
     pub claim_lanes: usize,
-    /// How many attempt-ending transactions run at once; endings that arrive meanwhile queue
-    /// and go together in the next one.
+    /// How many attempt-ending transactions run at once, each owner's endings in one of them;
+    /// endings that arrive meanwhile queue and go together in their lane's next one.
     pub ending_lanes: usize,
     /// Most requests one such transaction serves.
     pub batch_max: usize,
@@ -128,7 +128,7 @@ impl Broker {
         let tenancy = Tenancy::new(core.clone());
         let endings = Endings::new(
             core.clone(),
-            Batches::new(settings.ending_lanes, most),
+            (settings.ending_lanes, most),
             claims_committed.clone(),
             tenancy.clone(),
         );

@@ -394,6 +394,14 @@ impl Metrics {
         self.ending_deferrals.with_label_values(&[then]).inc();
     }
 
+    /// Worker reports deferred so far, whichever became of them.
+    pub fn ending_deferrals_total(&self) -> u64 {
+        ["sent_again", "waited"]
+            .into_iter()
+            .map(|then| self.ending_deferrals.with_label_values(&[then]).get())
+            .sum()
+    }
+
     pub fn claim_batch(&self, requests: usize, took: Duration) {
         self.claim_duration.observe(took.as_secs_f64());
         self.batch(BatchKind::Claim, requests);

@@ -315,7 +315,8 @@ pub struct BatchArgs {
     pub claim_lanes: u16,
 
     /// How many transactions ending attempts run at once; reports that arrive meanwhile go
-    /// together in the next one.
+    /// together in the next one. Each owner's reports go to one lane, so that two lanes never
+    /// wait on each other for an owner's rows.
     #[arg(long, env = "FAIRWAY_ENDING_LANES", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub ending_lanes: u16,

@@ -274,7 +274,10 @@ impl Claims {
             let passed = row.passed_over == Some(true);
             limits[request] = Limit::from_row(row.limited.as_deref(), row.retry_ms);
             match rows::work_item(row, services[request])? {
-                Some(item) => items[request].push(item),
+                Some(item) => {
+                    self.endings.note_owner(item.id, &item.user);
+                    items[request].push(item);
+                }
                 None => passed_over[request] = passed,
             }
         }

@@ -1,6 +1,7 @@
 //! Ending attempts: workers' status reports and heartbeats, repeated reports, claims whose
 //! answer reached no worker, and the reaper's expired leases, each batch in one transaction.
 
+mod lanes;
 mod outcome;
 pub mod statements;
 
@@ -15,7 +16,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 use tokio_postgres::types::Json;
 
-use crate::batch::{answer_each, batch_index, in_batch, Batches};
+use crate::batch::{answer_each, batch_index, in_batch};
 use crate::core::Core;
 use crate::counters::{apply_step_deltas, create_step_queues, StepDeltas, TenantDeltas, TenantRow};
 use crate::db::sql::{self, Statement};
@@ -24,6 +25,7 @@ use crate::retry::unit_random;
 use crate::rows::retry_policy;
 use crate::{traces, BrokerError, Tenancy};
 use fairway_api::model::{reject_nul, ItemStatus, JobId, StatusUpdate, WorkItem, WorkItemId};
+use lanes::EndingLanes;
 use outcome::{record, refusal, AttemptEnding, Ending, Recorded, RetryBudget};
 use statements::{
     AggregatePlan, AppliedEnding, DescribeItem, ExtendLease, FindExpiredLeases, FinishItems,
@@ -91,7 +93,7 @@ enum LeaseCondition {
 #[derive(Clone)]
 pub struct Endings {
     core: Arc<Core>,
-    batches: Batches<AttemptEnding, Result<Answer, BrokerError>>,
+    lanes: Arc<EndingLanes>,
     /// Notified when a claim batch of this broker commits: a deferred ending goes again then.
     claims_committed: Arc<Notify>,
     /// A querier that is shutting down leaves its shards once its last lease ends.
@@ -103,14 +105,22 @@ pub struct Endings {
 }
 
 impl Endings {
+    /// `lanes` batches run at once, each of at most `most` reports.
     pub(crate) fn new(
         core: Arc<Core>,
-        batches: Batches<AttemptEnding, Result<Answer, BrokerError>>,
+        (lanes, most): (usize, usize),
         claims_committed: Arc<Notify>,
         tenancy: Tenancy,
     ) -> Self {
+        let lanes = Arc::new(EndingLanes::new(lanes, most));
         let growing = Arc::default();
-        Self { core, batches, claims_committed, tenancy, growing }
+        Self { core, lanes, claims_committed, tenancy, growing }
+    }
+
+    /// Remembers who owns an item this broker hands out, so that its ending goes to its
+    /// owner's lane.
+    pub(crate) fn note_owner(&self, item: WorkItemId, owner: &str) {
+        self.lanes.note_owner(item, owner);
     }
 }
 
@@ -153,6 +163,7 @@ impl Endings {
             }
         };
         let ending = AttemptEnding { id, attempt, ending, token };
+        let lane = self.lanes.lane_of(id);
         // A batch does not wait for an owner's row another transaction holds (a claim batch,
         // mostly); the ending goes again with a later batch, and after a few tries alone.
         for _ in 0..DEFERRALS {
@@ -160,13 +171,8 @@ impl Endings {
             // counts.
             let mut claims_committed = pin!(self.claims_committed.notified());
             claims_committed.as_mut().enable();
-            let answer = in_batch(
-                self,
-                &self.batches,
-                ending.clone(),
-                Self::end_in_batch,
-                Self::unread_endings,
-            );
+            let answer =
+                in_batch(self, lane, ending.clone(), Self::end_in_batch, Self::unread_endings);
             match answer.await? {
                 Answer::Applied(status) | Answer::Repeated(status) => return Ok(status),
                 // Going again at once would find the row still held, as often as not: go once
