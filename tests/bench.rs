@@ -199,6 +199,9 @@ async fn the_lanes_point_runs_one_service_then_two_with_shared_users() {
     for run in &runs[1..] {
         assert_eq!((&run["users"], &run["errors"]), (&json!(1000), &json!(0)), "{run}");
         assert!(run["claims_per_s"].as_f64().is_some_and(|rate| rate > 0.0), "{run}");
+        let contention = &run["contention"];
+        assert!(contention["deferrals"].as_f64().is_some_and(|count| count >= 0.0), "{run}");
+        assert!(contention["lock_wait_ms"].as_f64().is_some_and(|ms| ms >= 0.0), "{run}");
     }
     let db = bench_database().await;
     let in_both = "SELECT count(*) FROM (SELECT username FROM user_work GROUP BY username
@@ -253,6 +256,32 @@ async fn work_in_several_services_keeps_the_counters_exact_and_writes_are_counte
 async fn bench_database() -> tokio_postgres::Client {
     let server = fairway_pg::Database::parse(&server_url().await).expect("DATABASE_URL parses");
     connect(&server.with_dbname("fairway_bench")).await
+}
+
+/// The lock-wait sampler behind each run's contention counts the time a backend waits for a
+/// lock another holds.
+#[tokio::test]
+async fn the_lock_wait_sampler_counts_a_backend_waiting_for_a_lock() {
+    let _only = BENCH_DATABASE.lock().await;
+    let server = fairway_pg::Database::parse(&server_url().await).expect("DATABASE_URL parses");
+    let holder = connect(&server).await;
+    let waiter = connect(&server).await;
+    holder.batch_execute("SELECT pg_advisory_lock(4242)").await.expect("lock");
+    let sampler = fairway_bench::LockWaits::sample(&server).await.expect("sampler starts");
+    let waiting = tokio::spawn(async move {
+        waiter.batch_execute("SELECT pg_advisory_lock(4242); SELECT pg_advisory_unlock(4242)").await
+    });
+    // Until the server has seen the waiter wait for 300 ms.
+    let waited_long = "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                                    WHERE wait_event_type = 'Lock'
+                                      AND clock_timestamp() - query_start > interval '300 ms')";
+    while !holder.query_one(waited_long, &[]).await.expect("activity").get::<_, bool>(0) {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    holder.batch_execute("SELECT pg_advisory_unlock(4242)").await.expect("unlock");
+    waiting.await.expect("waiter").expect("the waiter got the lock");
+    let waited_ms = sampler.stop().await.expect("sampler stops");
+    assert!((200.0..60_000.0).contains(&waited_ms), "sampled {waited_ms} ms of lock waits");
 }
 
 /// A recount of the database the last run left finds nothing to mend.

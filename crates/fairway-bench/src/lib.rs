@@ -10,7 +10,7 @@ mod stats;
 mod wakeup;
 
 use crate::report::Writes;
-use crate::sql::{BASELINE_INDEXES, WAL_WRITES};
+use crate::sql::{BASELINE_INDEXES, LOCK_WAITERS, WAL_WRITES};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +28,7 @@ use fairway_pg::Database;
 use fairway_server::config::{AuthArgs, PoolArgs, ServeArgs};
 use fairway_server::startup::{self, Application, StartupError};
 use paths::{FifoStatements, Runner};
-use report::{Machine, Report, Run};
+use report::{Contention, Machine, Report, Run};
 
 const DATABASE: &str = "fairway_bench";
 
@@ -381,6 +381,8 @@ async fn run_path(
         cap: (backlog / 2) as u64,
     };
     let runner = Arc::new(runner);
+    let deferrals_before = runner.ending_deferrals();
+    let lock_waits = LockWaits::sample(config).await?;
     let wal_before = wal_position(pool).await?;
     let mut measured =
         paths::measure(runner.clone(), seeded.clone(), args.workers, limits, max).await;
@@ -403,6 +405,15 @@ async fn run_path(
         }
         measured.absorb(pass);
     }
+    let lock_wait_ms = lock_waits.stop().await?;
+    let per_thousand = |count: f64| count * 1000.0 / measured.claims.max(1) as f64;
+    let contention = Contention {
+        deferrals: runner
+            .ending_deferrals()
+            .zip(deferrals_before)
+            .map(|(after, before)| per_thousand(after.saturating_sub(before) as f64)),
+        lock_wait_ms: per_thousand(lock_wait_ms),
+    };
     for (handle, task) in servers {
         handle.stop(true).await;
         let _ = task.await;
@@ -459,7 +470,53 @@ async fn run_path(
         errors: measured.errors,
         wal_bytes_per_claim,
         writes,
+        contention: Some(contention),
     })
+}
+
+/// How often a run samples the backends waiting for a lock.
+const LOCK_SAMPLE_EVERY: Duration = Duration::from_millis(5);
+
+/// Samples, on a connection of its own, how many backends wait for a lock, until stopped; each
+/// sample counts for the time since the one before, so that a slow sample loses nothing.
+pub struct LockWaits {
+    stop: tokio::sync::oneshot::Sender<()>,
+    sampler: tokio::task::JoinHandle<Result<f64, BenchError>>,
+}
+
+impl LockWaits {
+    /// Starts sampling the database `config` names.
+    pub async fn sample(config: &Database) -> Result<Self, BenchError> {
+        let pool = db::pool::connect(config, 1)?;
+        let client = pool.get().await?;
+        let statement = client.prepare(LOCK_WAITERS).await?;
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let sampler = tokio::spawn(async move {
+            // The pool goes with its one connection.
+            let _pool = pool;
+            let mut tick = tokio::time::interval(LOCK_SAMPLE_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut waited_ms = 0.0;
+            let mut last = std::time::Instant::now();
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => return Ok(waited_ms),
+                    _ = tick.tick() => {
+                        let waiting: i64 = client.query_one(&statement, &[]).await?.try_get(0)?;
+                        waited_ms += waiting as f64 * last.elapsed().as_secs_f64() * 1000.0;
+                        last = std::time::Instant::now();
+                    }
+                }
+            }
+        });
+        Ok(Self { stop, sampler })
+    }
+
+    /// Stops sampling: the milliseconds backends waited for locks in all.
+    pub async fn stop(self) -> Result<f64, BenchError> {
+        let _ = self.stop.send(());
+        self.sampler.await.map_err(|error| BenchError::Unexpected(error.to_string()))?
+    }
 }
 
 /// What the WAL since `position` says was written, per claim: rows (inserted, updated,
@@ -557,6 +614,7 @@ async fn run_wakeups(args: &BenchArgs, admin: &Database) -> Result<Vec<Run>, Ben
             errors: 0,
             wal_bytes_per_claim: None,
             writes: None,
+            contention: None,
         });
     }
     Ok(runs)

@@ -82,6 +82,14 @@ impl FifoStatements {
 }
 
 impl Runner {
+    /// The worker reports the broker deferred so far; None where it runs out of reach.
+    pub fn ending_deferrals(&self) -> Option<u64> {
+        match self {
+            Self::Broker { broker, .. } => Some(broker.metrics().ending_deferrals_total()),
+            _ => None,
+        }
+    }
+
     async fn claim(&self, worker: usize, max: usize) -> Result<Vec<Claimed>, BenchError> {
         match self {
             Self::Broker { broker, strategy, services } => {

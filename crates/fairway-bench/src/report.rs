@@ -19,6 +19,17 @@ pub struct Machine {
     pub os: String,
 }
 
+/// A run's contention per 1,000 items, as the targets table says it.
+fn contention_text(run: &Run) -> String {
+    match run.contention {
+        Some(Contention { deferrals, lock_wait_ms }) => format!(
+            "{} deferrals, {lock_wait_ms:.1} lock-wait ms",
+            deferrals.map(|count| format!("{count:.1}")).unwrap_or_else(|| "?".to_owned())
+        ),
+        None => "not measured".to_owned(),
+    }
+}
+
 /// Reads one measured value of a run, for a chart panel.
 type Metric = fn(&Run) -> Option<f64>;
 
@@ -45,6 +56,19 @@ pub struct Run {
     pub wal_bytes_per_claim: Option<f64>,
     /// What each claim with its completion wrote, during the path's first pass.
     pub writes: Option<Writes>,
+    /// How much claims and endings waited on each other, over the whole run.
+    pub contention: Option<Contention>,
+}
+
+/// What claims and endings waited on each other, per 1,000 items claimed.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Contention {
+    /// Worker reports that found their owner's row held by another transaction
+    /// (`fairway_ending_deferrals_total`); None where the broker runs out of reach (http).
+    pub deferrals: Option<f64>,
+    /// Milliseconds the database's backends spent waiting for a lock, from pg_stat_activity
+    /// sampled every few milliseconds.
+    pub lock_wait_ms: f64,
 }
 
 /// Writes per claim (with its completion), from the WAL.
@@ -254,11 +278,14 @@ impl Report {
                 ratio
                     .map(|(two_rate, one_rate)| {
                         format!(
-                            "{}u/{}: {two_rate:.0} vs {one_rate:.0}: {:.3}x, Jain {}",
+                            "{}u/{}: {two_rate:.0} vs {one_rate:.0}: {:.3}x, Jain {}; per 1,000 \
+                             items {} (one lane {})",
                             two.users,
                             two.backlog,
                             two_rate / one_rate,
-                            two.jain.map(|jain| format!("{jain:.4}")).unwrap_or_default()
+                            two.jain.map(|jain| format!("{jain:.4}")).unwrap_or_default(),
+                            contention_text(two),
+                            contention_text(one),
                         )
                     })
                     .unwrap_or_default(),
@@ -510,6 +537,7 @@ mod tests {
             errors: 0,
             wal_bytes_per_claim: Some(1600.0),
             writes: Some(Writes { rows: 6.0, cold_updates: 4.0, index_entries: 12.0 }),
+            contention: None,
         };
         let machine = Machine {
             cores: 2,

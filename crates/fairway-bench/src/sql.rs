@@ -18,6 +18,7 @@ fairway_broker::statements! {
     HARMONY_LEAST_RUNNING_USER = "harmony_least_running_user";
     HARMONY_ROUND_ROBIN_JOB = "harmony_round_robin_job";
     HARMONY_SCHEMA = "harmony_schema";
+    LOCK_WAITERS = "lock_waiters";
     RESET_ITEMS = "reset_items";
     SEED_COUNTERS = "seed_counters";
     SEED_METADATA = "seed_metadata";
