@@ -201,7 +201,7 @@ async fn the_lanes_point_runs_one_service_then_two_with_shared_users() {
         assert!(run["claims_per_s"].as_f64().is_some_and(|rate| rate > 0.0), "{run}");
         let contention = &run["contention"];
         assert!(contention["deferrals"].as_f64().is_some_and(|count| count >= 0.0), "{run}");
-        assert!(contention["lock_wait_ms"].as_f64().is_some_and(|ms| ms >= 0.0), "{run}");
+        assert!(contention["row_lock_wait_ms"].as_f64().is_some_and(|ms| ms >= 0.0), "{run}");
     }
     let db = bench_database().await;
     let in_both = "SELECT count(*) FROM (SELECT username FROM user_work GROUP BY username
@@ -259,28 +259,46 @@ async fn bench_database() -> tokio_postgres::Client {
 }
 
 /// The lock-wait sampler behind each run's contention counts the time a backend waits for a
-/// lock another holds.
+/// row another transaction holds.
 #[tokio::test]
-async fn the_lock_wait_sampler_counts_a_backend_waiting_for_a_lock() {
+async fn the_lock_wait_sampler_counts_a_backend_waiting_for_a_row() {
     let _only = BENCH_DATABASE.lock().await;
     let server = fairway_pg::Database::parse(&server_url().await).expect("DATABASE_URL parses");
     let holder = connect(&server).await;
     let waiter = connect(&server).await;
-    holder.batch_execute("SELECT pg_advisory_lock(4242)").await.expect("lock");
+    // Outside any transaction, so that each look at pg_stat_activity is fresh.
+    let observer = connect(&server).await;
+    let table = format!("lock_sampler_{}", uuid::Uuid::new_v4().simple());
+    holder
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (id integer PRIMARY KEY); INSERT INTO {table} VALUES (1)"
+        ))
+        .await
+        .expect("a table of one row");
+    holder
+        .batch_execute(&format!("BEGIN; SELECT * FROM {table} FOR UPDATE"))
+        .await
+        .expect("hold the row");
     let sampler = fairway_bench::LockWaits::sample(&server).await.expect("sampler starts");
-    let waiting = tokio::spawn(async move {
-        waiter.batch_execute("SELECT pg_advisory_lock(4242); SELECT pg_advisory_unlock(4242)").await
-    });
-    // Until the server has seen the waiter wait for 300 ms.
+    let take_the_row = format!("SELECT * FROM {table} FOR UPDATE");
+    let waiting = tokio::spawn(async move { waiter.batch_execute(&take_the_row).await });
+    // Until the server has seen the waiter wait for 300 ms; the bound only turns a hang into a
+    // failure.
     let waited_long = "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
                                     WHERE wait_event_type = 'Lock'
                                       AND clock_timestamp() - query_start > interval '300 ms')";
-    while !holder.query_one(waited_long, &[]).await.expect("activity").get::<_, bool>(0) {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    holder.batch_execute("SELECT pg_advisory_unlock(4242)").await.expect("unlock");
-    waiting.await.expect("waiter").expect("the waiter got the lock");
+    let waited = async {
+        while !observer.query_one(waited_long, &[]).await.expect("activity").get::<_, bool>(0) {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), waited)
+        .await
+        .expect("the waiter never waited 300 ms for the row");
+    holder.batch_execute("COMMIT").await.expect("let the row go");
+    waiting.await.expect("waiter").expect("the waiter got the row");
     let waited_ms = sampler.stop().await.expect("sampler stops");
+    holder.batch_execute(&format!("DROP TABLE {table}")).await.expect("drop the table");
     assert!((200.0..60_000.0).contains(&waited_ms), "sampled {waited_ms} ms of lock waits");
 }
 

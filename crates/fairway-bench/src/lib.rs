@@ -405,14 +405,14 @@ async fn run_path(
         }
         measured.absorb(pass);
     }
-    let lock_wait_ms = lock_waits.stop().await?;
+    let row_lock_wait_ms = lock_waits.stop().await?;
     let per_thousand = |count: f64| count * 1000.0 / measured.claims.max(1) as f64;
     let contention = Contention {
         deferrals: runner
             .ending_deferrals()
             .zip(deferrals_before)
             .map(|(after, before)| per_thousand(after.saturating_sub(before) as f64)),
-        lock_wait_ms: per_thousand(lock_wait_ms),
+        row_lock_wait_ms: per_thousand(row_lock_wait_ms),
     };
     for (handle, task) in servers {
         handle.stop(true).await;
@@ -474,11 +474,12 @@ async fn run_path(
     })
 }
 
-/// How often a run samples the backends waiting for a lock.
+/// How often a run samples the backends waiting for rows.
 const LOCK_SAMPLE_EVERY: Duration = Duration::from_millis(5);
 
-/// Samples, on a connection of its own, how many backends wait for a lock, until stopped; each
-/// sample counts for the time since the one before, so that a slow sample loses nothing.
+/// Samples, on a connection of its own, how many backends wait for a row another transaction
+/// holds (`lock_waiters.sql`), until stopped; each sample counts for the time since the one
+/// before, so that a slow sample loses nothing.
 pub struct LockWaits {
     stop: tokio::sync::oneshot::Sender<()>,
     sampler: tokio::task::JoinHandle<Result<f64, BenchError>>,
@@ -512,7 +513,7 @@ impl LockWaits {
         Ok(Self { stop, sampler })
     }
 
-    /// Stops sampling: the milliseconds backends waited for locks in all.
+    /// Stops sampling: the milliseconds backends waited for rows in all.
     pub async fn stop(self) -> Result<f64, BenchError> {
         let _ = self.stop.send(());
         self.sampler.await.map_err(|error| BenchError::Unexpected(error.to_string()))?

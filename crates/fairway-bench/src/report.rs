@@ -22,8 +22,8 @@ pub struct Machine {
 /// A run's contention per 1,000 items, as the targets table says it.
 fn contention_text(run: &Run) -> String {
     match run.contention {
-        Some(Contention { deferrals, lock_wait_ms }) => format!(
-            "{} deferrals, {lock_wait_ms:.1} lock-wait ms",
+        Some(Contention { deferrals, row_lock_wait_ms }) => format!(
+            "{} deferrals, {row_lock_wait_ms:.1} ms waiting for rows",
             deferrals.map(|count| format!("{count:.1}")).unwrap_or_else(|| "?".to_owned())
         ),
         None => "not measured".to_owned(),
@@ -66,9 +66,9 @@ pub struct Contention {
     /// Worker reports that found their owner's row held by another transaction
     /// (`fairway_ending_deferrals_total`); None where the broker runs out of reach (http).
     pub deferrals: Option<f64>,
-    /// Milliseconds the database's backends spent waiting for a lock, from pg_stat_activity
-    /// sampled every few milliseconds.
-    pub lock_wait_ms: f64,
+    /// Milliseconds the database's backends spent waiting for a row another transaction held
+    /// (or for that transaction to end), from pg_stat_activity sampled every few milliseconds.
+    pub row_lock_wait_ms: f64,
 }
 
 /// Writes per claim (with its completion), from the WAL.
