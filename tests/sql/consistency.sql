@@ -14,7 +14,7 @@ CREATE TEMP VIEW mismatches AS :check_consistency
 -- the check would take most of this file's time, for a handful of rows.
 SET LOCAL jit = off;
 
-SELECT plan(19);
+SELECT plan(20);
 
 -- A consistent state reached as the broker reaches it: two tenants competing for a component,
 -- a job with metadata and one under an actor path, claims, a successful ending and a retry.
@@ -142,6 +142,17 @@ SELECT uw.job_id, uw.step_index, uw.component, uw.service, uw.tenant, uw.usernam
   FROM user_work uw
   JOIN jobs j USING (job_id)
  WHERE uw.job_id = pg_temp.job('own');
+
+-- A second claimable step of vera's own: the order between the two reads order_worked.
+SELECT pg_temp.submit('own-too', 'vera', 'sums', 1, 'acme');
+UPDATE user_work SET order_worked = '2000-01-01' WHERE job_id = pg_temp.job('own');
+SELECT results_eq(
+    $$SELECT table_name, row_key ->> 'job_id',
+             (recorded ->> 'order_worked')::timestamptz = '2000-01-01'
+        FROM mismatches$$,
+    format('VALUES (%L, %L, true)', 'user_work', pg_temp.job('own')),
+    'A step whose order lags its last claim while its user has another claimable step is found.');
+UPDATE user_work SET order_worked = last_worked WHERE job_id = pg_temp.job('own');
 
 SELECT is_empty('SELECT * FROM mismatches', 'With every drift undone the counters agree again.');
 

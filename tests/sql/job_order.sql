@@ -19,7 +19,7 @@ BEGIN
     PERFORM pg_temp.submit('rival', 'rex', 'jobs', 3, 'rival');
     UPDATE tenant_queues SET running_count = 9 WHERE (service, tenant) = ('jobs', 'rival');
     UPDATE user_work uw
-       SET last_worked = now() - s.ago
+       SET (last_worked, order_worked) = (now() - s.ago, now() - s.ago)
       FROM (VALUES ('sync-recent', interval '1 hour'),
                    ('sync-old', interval '2 hours')) AS s(job, ago)
      WHERE uw.job_id = pg_temp.job(s.job);
@@ -51,7 +51,7 @@ BEGIN
     PERFORM pg_temp.submit('alone-sync-old', 'jay', 'jobs-alone', 1, 'alone');
     PERFORM pg_temp.submit('alone-sync-never', 'jay', 'jobs-alone', 1, 'alone');
     UPDATE user_work uw
-       SET last_worked = now() - s.ago
+       SET (last_worked, order_worked) = (now() - s.ago, now() - s.ago)
       FROM (VALUES ('alone-sync-recent', interval '1 hour'),
                    ('alone-sync-old', interval '2 hours')) AS s(job, ago)
      WHERE uw.job_id = pg_temp.job(s.job);
@@ -88,7 +88,7 @@ BEGIN
     PERFORM pg_temp.submit('q0-old', 'quin', 'prio-alone', 1, 'prio-alone');
     PERFORM pg_temp.submit('q5-recent', 'quin', 'prio-alone', 1, 'prio-alone', p_priority => 5);
     UPDATE user_work uw
-       SET last_worked = now() - s.ago
+       SET (last_worked, order_worked) = (now() - s.ago, now() - s.ago)
       FROM (VALUES ('p0-old', interval '2 hours'), ('p5-recent', interval '1 hour'),
                    ('q0-old', interval '2 hours'), ('q5-recent', interval '1 hour')) AS s(job, ago)
      WHERE uw.job_id = pg_temp.job(s.job);

@@ -29,15 +29,24 @@ WITH work AS (
                'ready_count', uw.ready_count, 'scheduled_count', uw.scheduled_count,
                'running_count', uw.running_count,
                'successful_count', uw.successful_count, 'failed_count', uw.failed_count,
-               'canceled_count', uw.canceled_count, 'paused', uw.paused
+               'canceled_count', uw.canceled_count, 'paused', uw.paused,
+               'order_worked', uw.order_worked
            ) AS recorded,
            jsonb_build_object(
                'ready_count', coalesce(ic.ready, 0), 'scheduled_count', coalesce(ic.scheduled, 0),
                'running_count', coalesce(ic.running, 0),
                'successful_count', coalesce(ic.successful, 0), 'failed_count', coalesce(ic.failed, 0),
-               'canceled_count', coalesce(ic.canceled, 0), 'paused', j.status = 'paused'
+               'canceled_count', coalesce(ic.canceled, 0), 'paused', j.status = 'paused',
+               -- The order between a user's claimable steps: last_worked wherever the node has
+               -- two or more (a lone step's may lag; see track_claimable_step).
+               'order_worked', CASE WHEN uw.claimable AND uw.node_claimable >= 2
+                                    THEN uw.last_worked ELSE uw.order_worked END
            ) AS actual
-      FROM user_work uw
+      FROM (SELECT uw.*,
+                   count(*) FILTER (WHERE uw.claimable)
+                       OVER (PARTITION BY uw.service, uw.component, uw.tenant, uw.username,
+                                          uw.actor) AS node_claimable
+              FROM user_work uw) uw
       JOIN jobs j ON j.job_id = uw.job_id
       LEFT JOIN item_counts ic
              ON (ic.job_id, ic.step_index, ic.component) = (uw.job_id, uw.step_index, uw.component)
@@ -181,7 +190,7 @@ WITH work AS (
                                                             FROM job_metadata m
                                                            WHERE m.job_id = uw.job_id) END)
                AS actual
-      FROM (SELECT * FROM user_work WHERE ready_count > 0 AND NOT paused) uw
+      FROM (SELECT * FROM user_work WHERE claimable) uw
       FULL JOIN claimable_steps cs
              ON (cs.job_id, cs.step_index, cs.component) = (uw.job_id, uw.step_index, uw.component)
 )

@@ -181,19 +181,16 @@ BEGIN
         SELECT h.username, h.running_count, h.weight, h.share, h.allowed, h.place, s.job_id,
                s.step_index, s.ready_from,
                s.first_claim, s.ready_count AS step_ready,
-               CASE WHEN NOT b.one_pick_each THEN
-                   (SELECT count(*)
-                      FROM (SELECT 1
-                              FROM user_work other
-                             WHERE other.service = p_service
-                               AND other.component = p_component
-                               AND other.tenant = v_tenant
-                               AND other.username = h.username
-                               AND other.actor = '{}'
-                               AND other.ready_count > 0
-                               AND NOT other.paused
-                             LIMIT 2) two) = 1
-               END AS only_step
+               (SELECT count(*)
+                  FROM (SELECT 1
+                          FROM user_work other
+                         WHERE other.service = p_service
+                           AND other.component = p_component
+                           AND other.tenant = v_tenant
+                           AND other.username = h.username
+                           AND other.actor = '{}'
+                           AND other.claimable
+                         LIMIT 2) two) = 1 AS only_step
           FROM head h
          CROSS JOIN bounds b
          CROSS JOIN LATERAL (
@@ -205,9 +202,8 @@ BEGIN
                   AND uw.tenant = v_tenant
                   AND uw.username = h.username
                   AND uw.actor = '{}'
-                  AND uw.ready_count > 0
-                  AND NOT uw.paused
-                ORDER BY uw.is_async, uw.priority DESC, uw.last_worked NULLS FIRST, uw.job_id,
+                  AND uw.claimable
+                ORDER BY uw.is_async, uw.priority DESC, uw.order_worked NULLS FIRST, uw.job_id,
                          uw.step_index
                 LIMIT 1
                ) s
@@ -245,7 +241,8 @@ BEGIN
                             - 1
                   END) k
     ), chosen AS (
-        SELECT q.username, q.job_id, q.step_index, q.ready_from, q.first_claim, q.nth, q.seq,
+        SELECT q.username, q.job_id, q.step_index, q.ready_from, q.first_claim, q.only_step,
+               q.nth, q.seq,
                p_slots[q.seq] AS request,
                v_at + (q.seq - 1) * interval '1 microsecond' AS at
           FROM (SELECT o.*, bool_and(o.exact) OVER (ORDER BY o.seq) AS in_prefix
@@ -287,11 +284,11 @@ BEGIN
            -- The same rows, as a list the primary key is probed with.
            AND wi.id = ANY (ARRAY(SELECT unnest(listed.ids) FROM free listed))
      RETURNING wi.id, wi.job_id, wi.step_index, wi.payload, wi.inputs, wi.attempt,
-               wi.lease_expires_at, c.username, c.seq, c.at, c.first_claim,
+               wi.lease_expires_at, c.username, c.seq, c.at, c.first_claim, c.only_step,
                (SELECT j.traceparent FROM jobs j WHERE j.job_id = wi.job_id) AS traceparent
     ), claimed AS (
         SELECT i.username, i.job_id, i.step_index, count(*)::integer AS items,
-               max(i.at) AS last_at, max(i.id) AS last_id
+               max(i.at) AS last_at, max(i.id) AS last_id, bool_and(i.only_step) AS only_step
           FROM item i
          GROUP BY i.username, i.job_id, i.step_index
     ), counted_steps AS (
@@ -299,6 +296,9 @@ BEGIN
            SET ready_count = uw.ready_count - cl.items,
                running_count = uw.running_count + cl.items,
                last_worked = cl.last_at,
+               -- A lone claimable step has no order to keep, and leaving its order column
+               -- keeps the update HOT (track_claimable_step levels it if another step joins).
+               order_worked = CASE WHEN cl.only_step THEN uw.order_worked ELSE cl.last_at END,
                ready_from = greatest(uw.ready_from, cl.last_id)
           FROM claimed cl
          WHERE (uw.job_id, uw.step_index, uw.component)
@@ -319,7 +319,8 @@ BEGIN
          WHERE u.username = cl.username
            AND u.username = ANY (ARRAY(SELECT listed.username FROM claimed listed))
      RETURNING u.username, cl.items, u.running_count, u.last_worked,
-               u.throttled_until IS NOT NULL AS throttled
+               u.throttled_until IS NOT NULL AS throttled, cl.only_step, cl.job_id,
+               cl.step_index
     ), queues AS (
         UPDATE service_users su
            SET running_count = uc.running_count,
@@ -328,7 +329,10 @@ BEGIN
                ready_count = su.ready_count - uc.items,
                local_ready = su.local_ready - uc.items,
                local_running = su.local_running + uc.items,
-               local_last_worked = uc.last_worked
+               local_last_worked = uc.last_worked,
+               lone_job_id = CASE WHEN uc.only_step THEN uc.job_id ELSE su.lone_job_id END,
+               lone_step_index = CASE WHEN uc.only_step THEN uc.step_index
+                                      ELSE su.lone_step_index END
           FROM user_counts uc
          WHERE (su.username, su.service, su.component, su.tenant)
                = (uc.username, p_service, p_component, v_tenant)

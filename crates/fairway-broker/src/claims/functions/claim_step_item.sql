@@ -59,9 +59,8 @@ BEGIN
             AND uw.tenant = p_tenant
             AND uw.username = p_username
             AND uw.actor = p_path
-            AND uw.ready_count > 0
-            AND NOT uw.paused
-          ORDER BY uw.is_async, uw.priority DESC, uw.last_worked NULLS FIRST,
+            AND uw.claimable
+          ORDER BY uw.is_async, uw.priority DESC, uw.order_worked NULLS FIRST,
                    uw.job_id, uw.step_index
           LIMIT 1)
         UNION ALL
@@ -69,8 +68,7 @@ BEGIN
           FROM user_work uw
          WHERE (uw.job_id, uw.step_index, uw.component)
                = (p_step_job, p_step_index, p_component)
-           AND uw.ready_count > 0
-           AND NOT uw.paused
+           AND uw.claimable
     ), item AS (
         UPDATE work_items wi
            SET status = 'running',
@@ -113,6 +111,7 @@ BEGIN
            SET ready_count = uw.ready_count - 1,
                running_count = uw.running_count + 1,
                last_worked = v_at,
+               order_worked = v_at,
                ready_from = greatest(uw.ready_from, item.id)
           FROM item
          WHERE (uw.job_id, uw.step_index, uw.component)

@@ -124,8 +124,7 @@ BEGIN
              WHERE (uw.job_id, uw.step_index, uw.component)
                    = (v_candidate.job_id, v_candidate.step_index,
                       v_candidate.component)
-               AND uw.ready_count > 0
-               AND NOT uw.paused
+               AND uw.claimable
                AND ROW(p_service, uw.component, uw.tenant)::text
                    <> ALL (p_passed)
                AND (NOT t.sharded

@@ -1,10 +1,13 @@
 -- track_claimable_step: keeps claimable_steps (and claimable_step_metadata for jobs with
 -- metadata) holding exactly the user_work rows with ready items that are not paused, with
 -- the order keys the strategies read: the job's submission order and priority, and a hash of
--- the step's key, fixed for the step's life, for `random`. The binding fires only when a
--- row's claimability changes, so the claims and endings that keep a step claimable pay
--- nothing but the WHEN test. The binding follows the function, since it can only be made once
--- the function exists.
+-- the step's key, fixed for the step's life, for `random`. A step that becomes claimable also
+-- brings its order column (order_worked) level with last_worked, and that of the step its
+-- queue's service_users row names as claimed alone: claims of a user's only claimable step
+-- leave the column behind, and from two steps on the order between them reads it. The binding
+-- fires only when a row's claimability changes, so the claims and endings that keep a step
+-- claimable pay nothing but the WHEN test. The binding follows the function, since it can only
+-- be made once the function exists.
 --
 -- Why a trigger, not a statement the broker calls: ready_count and paused move in claims,
 -- every ending, cancels, pauses, resumes, retries, the promoter and the reaper, most of them
@@ -13,14 +16,27 @@
 -- sees every write of the row, whoever makes it.
 --
 -- Locks: the step's claimable rows, which only transactions holding the step's user_work row
--- (so its owner's users row) write.
+-- (so its owner's users row) write, and the user_work row of the owner's lone step.
 
 CREATE OR REPLACE FUNCTION track_claimable_step()
 RETURNS trigger
 LANGUAGE plpgsql
 AS $track$
 BEGIN
-    IF NEW.ready_count > 0 AND NOT NEW.paused THEN
+    IF NEW.claimable THEN
+        UPDATE user_work uw
+           SET order_worked = uw.last_worked
+          FROM (SELECT NEW.job_id, NEW.step_index
+                UNION ALL
+                SELECT su.lone_job_id, su.lone_step_index
+                  FROM service_users su
+                 WHERE (su.service, su.component, su.tenant, su.username)
+                       = (NEW.service, NEW.component, NEW.tenant, NEW.username)
+                   AND NEW.actor = '{}') level(job_id, step_index)
+         WHERE (uw.job_id, uw.step_index, uw.component)
+               = (level.job_id, level.step_index, NEW.component)
+           AND uw.claimable
+           AND uw.order_worked IS DISTINCT FROM uw.last_worked;
         INSERT INTO claimable_steps (job_id, step_index, component, service, tenant, username,
                                      seq, priority, shuffle)
         SELECT NEW.job_id, NEW.step_index, NEW.component, NEW.service, NEW.tenant,
@@ -57,6 +73,5 @@ $track$;
 CREATE OR REPLACE TRIGGER user_work_claimability
     AFTER UPDATE OF ready_count, paused ON user_work
     FOR EACH ROW
-    WHEN ((OLD.ready_count > 0 AND NOT OLD.paused)
-          IS DISTINCT FROM (NEW.ready_count > 0 AND NOT NEW.paused))
+    WHEN (OLD.claimable IS DISTINCT FROM NEW.claimable)
     EXECUTE FUNCTION track_claimable_step();

@@ -1,0 +1,53 @@
+-- The order between a user's steps where only one of them is claimable: claims of a lone step
+-- leave its order column (order_worked) behind, so that they update its user_work row without
+-- touching an index, and the order is brought level when another step becomes claimable.
+-- Checked on claim_fair_round's sets (the tenant is alone).
+BEGIN;
+\ir support.psql
+
+SELECT plan(6);
+
+-- One user, two synchronous jobs: a of three items worked two hours ago, b of one item worked
+-- an hour ago.
+DO $$
+BEGIN
+    PERFORM pg_temp.submit('a', 'lev', 'lone', 3, 'lone-t');
+    PERFORM pg_temp.submit('b', 'lev', 'lone', 1, 'lone-t');
+    UPDATE user_work uw
+       SET (last_worked, order_worked) = (now() - s.ago, now() - s.ago)
+      FROM (VALUES ('a', interval '2 hours'), ('b', interval '1 hour')) AS s(job, ago)
+     WHERE uw.job_id = pg_temp.job(s.job);
+END;
+$$;
+
+SELECT is((SELECT job FROM pg_temp.claim('lone')), 'a',
+          'Of two claimable steps, the one worked least recently goes first.');
+SELECT is((SELECT job FROM pg_temp.claim('lone')), 'b',
+          'Then the other, now worked less recently.');
+
+-- b has nothing ready: a is the user's only claimable step.
+CREATE TEMP TABLE step_updates AS
+SELECT pg_stat_get_xact_tuples_updated('user_work'::regclass) AS updated,
+       pg_stat_get_xact_tuples_hot_updated('user_work'::regclass) AS hot;
+
+SELECT is((SELECT job FROM pg_temp.claim('lone')), 'a',
+          'With the other step empty, the only claimable step goes.');
+SELECT is((SELECT (pg_stat_get_xact_tuples_updated('user_work'::regclass) - s.updated,
+                   pg_stat_get_xact_tuples_hot_updated('user_work'::regclass) - s.hot)::text
+             FROM step_updates s),
+          '(1,1)',
+          'A claim of a user''s only claimable step updates its user_work row HOT.');
+
+-- b's item comes back for a retry: b, worked before a's last claim, goes first again.
+SELECT is((SELECT count(*)::integer
+             FROM pg_temp.finish(ARRAY[(SELECT wi.id
+                                          FROM work_items wi
+                                         WHERE wi.job_id = pg_temp.job('b'))],
+                                 ARRAY['ready'])),
+          1,
+          'b''s item is ended for a retry.');
+SELECT is((SELECT job FROM pg_temp.claim('lone')), 'b',
+          'A step claimable again goes before the step claimed alone since it was last worked.');
+
+SELECT * FROM finish();
+ROLLBACK;
