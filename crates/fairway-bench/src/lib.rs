@@ -474,8 +474,9 @@ async fn run_path(
     })
 }
 
-/// How often a run samples the backends waiting for rows.
-const LOCK_SAMPLE_EVERY: Duration = Duration::from_millis(5);
+/// How often a run samples the backends waiting for rows: a run of seconds still takes hundreds
+/// of samples, and each is a query the measured path competes with for CPU.
+const LOCK_SAMPLE_EVERY: Duration = Duration::from_millis(20);
 
 /// Samples, on a connection of its own, how many backends wait for a row another transaction
 /// holds (`lock_waiters.sql`), until stopped; each sample counts for the time since the one
