@@ -8,7 +8,7 @@
 -- * order_worked: last_worked as the order between a user's steps reads it (least recently
 --   worked first). That order matters only where the user has two or more claimable steps in
 --   one queue and actor node; there a claim writes it with last_worked. The claims that take a
---   user's only claimable step of a queue (claim_fair_round) leave it behind, and name the step
+--   user's only claimable step of a queue (outside actors) leave it behind, and name the step
 --   on the user's service_users row (lone_job_id, lone_step_index). When another step of the
 --   queue becomes claimable, track_claimable_step brings the named step, and the new one, level
 --   with their last_worked.

@@ -1,11 +1,12 @@
 -- The order between a user's steps where only one of them is claimable: claims of a lone step
 -- leave its order column (order_worked) behind, so that they update its user_work row without
 -- touching an index, and the order is brought level when another step becomes claimable.
--- Checked on claim_fair_round's sets (the tenant is alone).
+-- Checked on both of claim_items' paths: claim_fair_round's sets where a tenant is alone, and
+-- one-item picks where tenants compete.
 BEGIN;
 \ir support.psql
 
-SELECT plan(6);
+SELECT plan(12);
 
 -- One user, two synchronous jobs: a of three items worked two hours ago, b of one item worked
 -- an hour ago.
@@ -48,6 +49,49 @@ SELECT is((SELECT count(*)::integer
           'b''s item is ended for a retry.');
 SELECT is((SELECT job FROM pg_temp.claim('lone')), 'b',
           'A step claimable again goes before the step claimed alone since it was last worked.');
+
+-- The same where a rival tenant with more in progress makes the claims take one-item picks.
+DO $$
+BEGIN
+    PERFORM pg_temp.submit('pa', 'liv', 'pick', 3, 'pick-t');
+    PERFORM pg_temp.submit('pb', 'liv', 'pick', 1, 'pick-t');
+    PERFORM pg_temp.submit('rival', 'rex', 'pick', 3, 'pick-rival');
+    UPDATE tenant_queues SET running_count = 9 WHERE (service, tenant) = ('pick', 'pick-rival');
+    UPDATE user_work uw
+       SET (last_worked, order_worked) = (now() - s.ago, now() - s.ago)
+      FROM (VALUES ('pa', interval '2 hours'), ('pb', interval '1 hour')) AS s(job, ago)
+     WHERE uw.job_id = pg_temp.job(s.job);
+END;
+$$;
+
+SELECT is((SELECT job FROM pg_temp.claim('pick')), 'pa',
+          'In a pick, of two claimable steps, the one worked least recently goes first.');
+SELECT is((SELECT job FROM pg_temp.claim('pick')), 'pb',
+          'In a pick, then the other, now worked less recently.');
+
+-- pb has nothing ready: pa is the user's only claimable step.
+CREATE TEMP TABLE pick_updates AS
+SELECT pg_stat_get_xact_tuples_updated('user_work'::regclass) AS updated,
+       pg_stat_get_xact_tuples_hot_updated('user_work'::regclass) AS hot;
+
+SELECT is((SELECT job FROM pg_temp.claim('pick')), 'pa',
+          'In a pick, with the other step empty, the only claimable step goes.');
+SELECT is((SELECT (pg_stat_get_xact_tuples_updated('user_work'::regclass) - s.updated,
+                   pg_stat_get_xact_tuples_hot_updated('user_work'::regclass) - s.hot)::text
+             FROM pick_updates s),
+          '(1,1)',
+          'A one-item claim of a user''s only claimable step updates its user_work row HOT.');
+
+-- pb's item comes back for a retry: pb, worked before pa's last claim, goes first again.
+SELECT is((SELECT count(*)::integer
+             FROM pg_temp.finish(ARRAY[(SELECT wi.id
+                                          FROM work_items wi
+                                         WHERE wi.job_id = pg_temp.job('pb'))],
+                                 ARRAY['ready'])),
+          1,
+          'pb''s item is ended for a retry.');
+SELECT is((SELECT job FROM pg_temp.claim('pick')), 'pb',
+          'In a pick too, the step claimable again goes first.');
 
 SELECT * FROM finish();
 ROLLBACK;

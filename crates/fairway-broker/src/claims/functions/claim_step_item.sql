@@ -69,6 +69,21 @@ BEGIN
          WHERE (uw.job_id, uw.step_index, uw.component)
                = (p_step_job, p_step_index, p_component)
            AND uw.claimable
+    ), lone AS (
+        -- Whether the step is the user's only claimable one of the queue (never under an
+        -- actor): then its order column stays as it is and the step row's update is HOT
+        -- (track_claimable_step).
+        SELECT count(*) = 1 AS only_step
+          FROM (SELECT 1
+                  FROM user_work other
+                 WHERE other.service = p_service
+                   AND other.component = p_component
+                   AND other.tenant = p_tenant
+                   AND other.username = p_username
+                   AND other.actor = '{}'
+                   AND p_path = '{}'
+                   AND other.claimable
+                 LIMIT 2) two
     ), item AS (
         UPDATE work_items wi
            SET status = 'running',
@@ -111,9 +126,9 @@ BEGIN
            SET ready_count = uw.ready_count - 1,
                running_count = uw.running_count + 1,
                last_worked = v_at,
-               order_worked = v_at,
+               order_worked = CASE WHEN lone.only_step THEN uw.order_worked ELSE v_at END,
                ready_from = greatest(uw.ready_from, item.id)
-          FROM item
+          FROM item, lone
          WHERE (uw.job_id, uw.step_index, uw.component)
                = (item.job_id, item.step_index, p_component)
     ), user_counts AS (
@@ -143,8 +158,11 @@ BEGIN
                local_ready = su.local_ready - CASE WHEN p_path = '{}' THEN 1 ELSE 0 END,
                local_running = su.local_running + CASE WHEN p_path = '{}' THEN 1 ELSE 0 END,
                local_last_worked = CASE WHEN p_path = '{}' THEN v_at
-                                        ELSE su.local_last_worked END
-          FROM user_counts uc
+                                        ELSE su.local_last_worked END,
+               lone_job_id = CASE WHEN lone.only_step THEN item.job_id ELSE su.lone_job_id END,
+               lone_step_index = CASE WHEN lone.only_step THEN item.step_index
+                                      ELSE su.lone_step_index END
+          FROM user_counts uc, item, lone
          WHERE (su.username, su.service, su.component, su.tenant)
                = (p_username, p_service, p_component, p_tenant)
     )
