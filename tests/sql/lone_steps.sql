@@ -6,7 +6,7 @@
 BEGIN;
 \ir support.psql
 
-SELECT plan(12);
+SELECT plan(14);
 
 -- One user, two synchronous jobs: a of three items worked two hours ago, b of one item worked
 -- an hour ago.
@@ -92,6 +92,20 @@ SELECT is((SELECT count(*)::integer
           'pb''s item is ended for a retry.');
 SELECT is((SELECT job FROM pg_temp.claim('pick')), 'pb',
           'In a pick too, the step claimable again goes first.');
+
+-- A step that becomes claimable writes a new version of its owner's users row: a set that read
+-- the user's steps before the change commits, and locks the user after, sees the row changed
+-- and stops before the user (claim_fair_round). A step that stays claimable leaves it.
+UPDATE user_work SET ready_count = ready_count + 1 WHERE job_id = pg_temp.job('pb');
+CREATE TEMP TABLE owner_version AS SELECT ctid AS version FROM users WHERE username = 'liv';
+UPDATE user_work SET ready_count = ready_count + 1 WHERE job_id = pg_temp.job('pb');
+SELECT is((SELECT u.ctid = v.version FROM users u, owner_version v WHERE u.username = 'liv'), true,
+          'A step that stays claimable leaves its owner''s users row as it was.');
+UPDATE user_work SET paused = true WHERE job_id = pg_temp.job('pb');
+UPDATE owner_version SET version = (SELECT ctid FROM users WHERE username = 'liv');
+UPDATE user_work SET paused = false WHERE job_id = pg_temp.job('pb');
+SELECT is((SELECT u.ctid = v.version FROM users u, owner_version v WHERE u.username = 'liv'), false,
+          'A step that becomes claimable writes a new version of its owner''s users row.');
 
 SELECT * FROM finish();
 ROLLBACK;

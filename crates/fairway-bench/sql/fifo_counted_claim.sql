@@ -2,7 +2,9 @@
 -- claim does: the steps' (user_work), their owners' (users) and the owners' queues'
 -- (service_users, whose copies of the owner's count and time move on every row of the user).
 -- Each counter row moves once per statement by the batch's sum, and the choice costs nothing
--- (oldest first), so this is what any claim that keeps these counters costs at the least.
+-- (oldest first), so this is what any claim that keeps these counters costs at the least. It
+-- writes each step's order column (order_worked) as the broker does for a user with two or
+-- more claimable steps in the queue.
 -- $1 items at most, through an array as in fifo_claim.sql.
 WITH item AS (
     UPDATE work_items
@@ -40,6 +42,7 @@ WITH item AS (
        SET ready_count = uw.ready_count - s.claimed,
            running_count = uw.running_count + s.claimed,
            last_worked = now(),
+           order_worked = now(),
            ready_from = greatest(uw.ready_from, s.last_id)
       FROM steps s, owner_locks l
      WHERE (uw.job_id, uw.step_index, uw.component) = (s.job_id, s.step_index, s.component)

@@ -16,7 +16,8 @@
 -- sees every write of the row, whoever makes it.
 --
 -- Locks: the step's claimable rows, which only transactions holding the step's user_work row
--- (so its owner's users row) write, and the user_work row of the owner's lone step.
+-- (so its owner's users row) write, the owner's users row, and the user_work row of the
+-- owner's lone step.
 
 CREATE OR REPLACE FUNCTION track_claimable_step()
 RETURNS trigger
@@ -24,6 +25,12 @@ LANGUAGE plpgsql
 AS $track$
 BEGIN
     IF NEW.claimable THEN
+        -- A new version of the owner's users row, which this transaction holds already: a set
+        -- that read the user's steps before this commits, and locks the user after, is handed
+        -- this version and so knows the steps it read may be out of date (claim_fair_round).
+        UPDATE users u
+           SET running_count = u.running_count
+         WHERE u.username = NEW.username;
         UPDATE user_work uw
            SET order_worked = uw.last_worked
           FROM (SELECT NEW.job_id, NEW.step_index
