@@ -8,102 +8,81 @@ BEGIN;
 
 SELECT plan(14);
 
--- One user, two synchronous jobs: a of three items worked two hours ago, b of one item worked
--- an hour ago.
-DO $$
+-- User p_user of service p_service (tenant p_tenant), with two synchronous jobs: <p_user>-a of
+-- three items worked two hours ago, <p_user>-b of one item worked an hour ago; with p_rival, a
+-- rival tenant with more in progress makes the claims take one-item picks. p_path names the
+-- path in the assertions.
+CREATE FUNCTION pg_temp.lone_step_order(
+    p_path text,
+    p_service text,
+    p_user text,
+    p_tenant text,
+    p_rival text DEFAULT NULL
+)
+RETURNS SETOF text
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_a text := p_user || '-a';
+    v_b text := p_user || '-b';
+    v_updated bigint;
+    v_hot bigint;
 BEGIN
-    PERFORM pg_temp.submit('a', 'lev', 'lone', 3, 'lone-t');
-    PERFORM pg_temp.submit('b', 'lev', 'lone', 1, 'lone-t');
+    PERFORM pg_temp.submit(v_a, p_user, p_service, 3, p_tenant);
+    PERFORM pg_temp.submit(v_b, p_user, p_service, 1, p_tenant);
+    IF p_rival IS NOT NULL THEN
+        PERFORM pg_temp.submit(p_rival, p_rival, p_service, 3, p_rival);
+        UPDATE tenant_queues SET running_count = 9
+         WHERE (service, tenant) = (p_service, p_rival);
+    END IF;
     UPDATE user_work uw
        SET (last_worked, order_worked) = (now() - s.ago, now() - s.ago)
-      FROM (VALUES ('a', interval '2 hours'), ('b', interval '1 hour')) AS s(job, ago)
+      FROM (VALUES (v_a, interval '2 hours'), (v_b, interval '1 hour')) AS s(job, ago)
      WHERE uw.job_id = pg_temp.job(s.job);
+
+    RETURN NEXT is((SELECT job FROM pg_temp.claim(p_service)), v_a,
+                   p_path || ': of two claimable steps, the one worked least recently goes.');
+    RETURN NEXT is((SELECT job FROM pg_temp.claim(p_service)), v_b,
+                   p_path || ': then the other, now worked less recently.');
+
+    -- b has nothing ready: a is the user's only claimable step.
+    v_updated := pg_stat_get_xact_tuples_updated('user_work'::regclass);
+    v_hot := pg_stat_get_xact_tuples_hot_updated('user_work'::regclass);
+    RETURN NEXT is((SELECT job FROM pg_temp.claim(p_service)), v_a,
+                   p_path || ': with the other step empty, the only claimable step goes.');
+    RETURN NEXT is(
+        (pg_stat_get_xact_tuples_updated('user_work'::regclass) - v_updated,
+         pg_stat_get_xact_tuples_hot_updated('user_work'::regclass) - v_hot)::text,
+        '(1,1)',
+        p_path || ': a claim of a user''s only claimable step updates its user_work row HOT.');
+
+    -- b's item comes back for a retry: b, worked before a's last claim, goes first again.
+    RETURN NEXT is((SELECT count(*)::integer
+                      FROM pg_temp.finish(ARRAY[(SELECT wi.id
+                                                   FROM work_items wi
+                                                  WHERE wi.job_id = pg_temp.job(v_b))],
+                                          ARRAY['ready'])),
+                   1,
+                   p_path || ': b''s item is ended for a retry.');
+    RETURN NEXT is((SELECT job FROM pg_temp.claim(p_service)), v_b,
+                   p_path || ': a step claimable again goes before the step claimed alone since.');
 END;
 $$;
 
-SELECT is((SELECT job FROM pg_temp.claim('lone')), 'a',
-          'Of two claimable steps, the one worked least recently goes first.');
-SELECT is((SELECT job FROM pg_temp.claim('lone')), 'b',
-          'Then the other, now worked less recently.');
-
--- b has nothing ready: a is the user's only claimable step.
-CREATE TEMP TABLE step_updates AS
-SELECT pg_stat_get_xact_tuples_updated('user_work'::regclass) AS updated,
-       pg_stat_get_xact_tuples_hot_updated('user_work'::regclass) AS hot;
-
-SELECT is((SELECT job FROM pg_temp.claim('lone')), 'a',
-          'With the other step empty, the only claimable step goes.');
-SELECT is((SELECT (pg_stat_get_xact_tuples_updated('user_work'::regclass) - s.updated,
-                   pg_stat_get_xact_tuples_hot_updated('user_work'::regclass) - s.hot)::text
-             FROM step_updates s),
-          '(1,1)',
-          'A claim of a user''s only claimable step updates its user_work row HOT.');
-
--- b's item comes back for a retry: b, worked before a's last claim, goes first again.
-SELECT is((SELECT count(*)::integer
-             FROM pg_temp.finish(ARRAY[(SELECT wi.id
-                                          FROM work_items wi
-                                         WHERE wi.job_id = pg_temp.job('b'))],
-                                 ARRAY['ready'])),
-          1,
-          'b''s item is ended for a retry.');
-SELECT is((SELECT job FROM pg_temp.claim('lone')), 'b',
-          'A step claimable again goes before the step claimed alone since it was last worked.');
-
--- The same where a rival tenant with more in progress makes the claims take one-item picks.
-DO $$
-BEGIN
-    PERFORM pg_temp.submit('pa', 'liv', 'pick', 3, 'pick-t');
-    PERFORM pg_temp.submit('pb', 'liv', 'pick', 1, 'pick-t');
-    PERFORM pg_temp.submit('rival', 'rex', 'pick', 3, 'pick-rival');
-    UPDATE tenant_queues SET running_count = 9 WHERE (service, tenant) = ('pick', 'pick-rival');
-    UPDATE user_work uw
-       SET (last_worked, order_worked) = (now() - s.ago, now() - s.ago)
-      FROM (VALUES ('pa', interval '2 hours'), ('pb', interval '1 hour')) AS s(job, ago)
-     WHERE uw.job_id = pg_temp.job(s.job);
-END;
-$$;
-
-SELECT is((SELECT job FROM pg_temp.claim('pick')), 'pa',
-          'In a pick, of two claimable steps, the one worked least recently goes first.');
-SELECT is((SELECT job FROM pg_temp.claim('pick')), 'pb',
-          'In a pick, then the other, now worked less recently.');
-
--- pb has nothing ready: pa is the user's only claimable step.
-CREATE TEMP TABLE pick_updates AS
-SELECT pg_stat_get_xact_tuples_updated('user_work'::regclass) AS updated,
-       pg_stat_get_xact_tuples_hot_updated('user_work'::regclass) AS hot;
-
-SELECT is((SELECT job FROM pg_temp.claim('pick')), 'pa',
-          'In a pick, with the other step empty, the only claimable step goes.');
-SELECT is((SELECT (pg_stat_get_xact_tuples_updated('user_work'::regclass) - s.updated,
-                   pg_stat_get_xact_tuples_hot_updated('user_work'::regclass) - s.hot)::text
-             FROM pick_updates s),
-          '(1,1)',
-          'A one-item claim of a user''s only claimable step updates its user_work row HOT.');
-
--- pb's item comes back for a retry: pb, worked before pa's last claim, goes first again.
-SELECT is((SELECT count(*)::integer
-             FROM pg_temp.finish(ARRAY[(SELECT wi.id
-                                          FROM work_items wi
-                                         WHERE wi.job_id = pg_temp.job('pb'))],
-                                 ARRAY['ready'])),
-          1,
-          'pb''s item is ended for a retry.');
-SELECT is((SELECT job FROM pg_temp.claim('pick')), 'pb',
-          'In a pick too, the step claimable again goes first.');
+SELECT * FROM pg_temp.lone_step_order('In a set', 'lone', 'lev', 'lone-t');
+SELECT * FROM pg_temp.lone_step_order('In a pick', 'pick', 'liv', 'pick-t', 'pick-rival');
 
 -- A step that becomes claimable writes a new version of its owner's users row: a set that read
 -- the user's steps before the change commits, and locks the user after, sees the row changed
 -- and stops before the user (claim_fair_round). A step that stays claimable leaves it.
-UPDATE user_work SET ready_count = ready_count + 1 WHERE job_id = pg_temp.job('pb');
+UPDATE user_work SET ready_count = ready_count + 1 WHERE job_id = pg_temp.job('liv-b');
 CREATE TEMP TABLE owner_version AS SELECT ctid AS version FROM users WHERE username = 'liv';
-UPDATE user_work SET ready_count = ready_count + 1 WHERE job_id = pg_temp.job('pb');
+UPDATE user_work SET ready_count = ready_count + 1 WHERE job_id = pg_temp.job('liv-b');
 SELECT is((SELECT u.ctid = v.version FROM users u, owner_version v WHERE u.username = 'liv'), true,
           'A step that stays claimable leaves its owner''s users row as it was.');
-UPDATE user_work SET paused = true WHERE job_id = pg_temp.job('pb');
+UPDATE user_work SET paused = true WHERE job_id = pg_temp.job('liv-b');
 UPDATE owner_version SET version = (SELECT ctid FROM users WHERE username = 'liv');
-UPDATE user_work SET paused = false WHERE job_id = pg_temp.job('pb');
+UPDATE user_work SET paused = false WHERE job_id = pg_temp.job('liv-b');
 SELECT is((SELECT u.ctid = v.version FROM users u, owner_version v WHERE u.username = 'liv'), false,
           'A step that becomes claimable writes a new version of its owner''s users row.');
 
