@@ -681,6 +681,52 @@ async fn items_are_addressed_by_primary_key_while_statistics_lag() {
     }
 }
 
+/// A step made claimable brings its user's steps level by their primary key even while the
+/// statistics say no step is claimable, as they do when one transaction makes thousands of
+/// steps claimable: read from the claimable index, each step's trigger would walk every step
+/// made claimable before it.
+#[tokio::test]
+async fn steps_made_claimable_are_levelled_by_key_while_statistics_lag() {
+    let (db, mut notices) = connect_with_notices().await;
+    db.batch_execute(
+        "INSERT INTO users (username) VALUES ('user-1');
+         INSERT INTO jobs (job_id, username, is_async, tenant, actor)
+         SELECT md5('job-' || j)::uuid, 'user-1', false, 'default', '{}'
+           FROM generate_series(1, 300) j;
+         INSERT INTO job_steps (job_id, step_index, service, aggregate)
+         SELECT job_id, 0, 'svc', false FROM jobs;
+         INSERT INTO user_work (job_id, step_index, component, username, service, is_async,
+                                tenant, actor)
+         SELECT job_id, 0, 'unknown', username, 'svc', false, 'default', '{}' FROM jobs;
+         INSERT INTO service_users (service, component, tenant, username, lone_job_id,
+                                    lone_step_index)
+         VALUES ('svc', 'unknown', 'default', 'user-1', md5('job-1')::uuid, 0);",
+    )
+    .await
+    .expect("seed");
+    db.batch_execute("VACUUM ANALYZE").await.expect("analyze");
+    db.batch_execute(AUTO_EXPLAIN).await.expect("auto_explain");
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        db.batch_execute(&format!("SET plan_cache_mode = {mode}")).await.expect("plan mode");
+        let plans = nested_plans(&db, &mut notices, "UPDATE user_work SET ready_count = 1").await;
+        let levelling: Vec<_> = plans
+            .iter()
+            .filter(|(text, _)| text.contains("SET order_worked = uw.last_worked"))
+            .collect();
+        assert!(!levelling.is_empty(), "no plan of the levelling ({mode})");
+        for (text, plan) in levelling {
+            for node in nodes(plan) {
+                if node["Relation Name"] == "user_work" && node["Node Type"] != "ModifyTable" {
+                    assert_eq!(
+                        node["Index Name"], "user_work_pkey",
+                        "{text} ({mode}) reads user_work otherwise: {plan:#}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Every claim and completion leaves dead versions of the fair order's rows, and their index
 /// entries, at the head of the order where the next claim starts reading. The broker's own
 /// vacuum clears them on its cadence, without waiting for autovacuum.

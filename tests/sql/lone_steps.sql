@@ -6,7 +6,7 @@
 BEGIN;
 \ir support.psql
 
-SELECT plan(14);
+SELECT plan(15);
 
 -- User p_user of service p_service (tenant p_tenant), with two synchronous jobs: <p_user>-a of
 -- three items worked two hours ago, <p_user>-b of one item worked an hour ago; with p_rival, a
@@ -72,19 +72,24 @@ $$;
 SELECT * FROM pg_temp.lone_step_order('In a set', 'lone', 'lev', 'lone-t');
 SELECT * FROM pg_temp.lone_step_order('In a pick', 'pick', 'liv', 'pick-t', 'pick-rival');
 
--- A step that becomes claimable writes a new version of its owner's users row: a set that read
--- the user's steps before the change commits, and locks the user after, sees the row changed
--- and stops before the user (claim_fair_round). A step that stays claimable leaves it.
+-- A step that becomes claimable records its transaction on its owner's users row: a set that
+-- read the user's steps before the change commits, and locks the user after, sees another
+-- transaction there and stops before the user (claim_fair_round). A step that stays claimable
+-- leaves the row, and the transaction writes it once however many steps it makes claimable.
 UPDATE user_work SET ready_count = ready_count + 1 WHERE job_id = pg_temp.job('liv-b');
-CREATE TEMP TABLE owner_version AS SELECT ctid AS version FROM users WHERE username = 'liv';
+UPDATE users SET step_made_claimable_by = NULL WHERE username = 'liv';
 UPDATE user_work SET ready_count = ready_count + 1 WHERE job_id = pg_temp.job('liv-b');
-SELECT is((SELECT u.ctid = v.version FROM users u, owner_version v WHERE u.username = 'liv'), true,
-          'A step that stays claimable leaves its owner''s users row as it was.');
+SELECT is((SELECT step_made_claimable_by FROM users WHERE username = 'liv'), NULL,
+          'A step that stays claimable leaves its owner''s row as it was.');
 UPDATE user_work SET paused = true WHERE job_id = pg_temp.job('liv-b');
-UPDATE owner_version SET version = (SELECT ctid FROM users WHERE username = 'liv');
 UPDATE user_work SET paused = false WHERE job_id = pg_temp.job('liv-b');
-SELECT is((SELECT u.ctid = v.version FROM users u, owner_version v WHERE u.username = 'liv'), false,
-          'A step that becomes claimable writes a new version of its owner''s users row.');
+SELECT is((SELECT step_made_claimable_by FROM users WHERE username = 'liv'), pg_current_xact_id(),
+          'A step that becomes claimable records its transaction on its owner''s row.');
+CREATE TEMP TABLE owner_version AS SELECT ctid AS version FROM users WHERE username = 'liv';
+UPDATE user_work SET paused = true WHERE job_id = pg_temp.job('liv-b');
+UPDATE user_work SET paused = false WHERE job_id = pg_temp.job('liv-b');
+SELECT is((SELECT u.ctid = v.version FROM users u, owner_version v WHERE u.username = 'liv'), true,
+          'A second step made claimable in the transaction leaves its owner''s row as it was.');
 
 SELECT * FROM finish();
 ROLLBACK;

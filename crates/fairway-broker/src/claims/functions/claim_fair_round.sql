@@ -10,10 +10,10 @@
 -- order, then those raised to it, in the order they were raised (sort_key below). Read from the
 -- head of the order, this sequence is exact up to the share of the first row the head cannot
 -- vouch for: the row where the LIMIT cut it (users beyond it may start at its share), or a row
--- whose copies lag its user's counts or policy, or whose user changed after the statement's
--- snapshot was taken (a step may have become claimable unseen), or whose user has work under
--- actors (the order then goes down the actor tree). A user's later picks take further items of its step when that
--- step is its only claimable one, as far as its cap and bucket allow; with more steps the next
+-- whose copies lag its user's counts or policy, or whose user had a step become claimable
+-- since the statement's snapshot was taken (unseen by the set), or whose user has work under
+-- actors (the order then goes down the actor tree). A user's later picks take further items
+-- of its step when that step is its only claimable one, as far as its cap and bucket allow; with more steps the next
 -- pick may go to another step, so the sequence stops there. Each pick is stamped a microsecond
 -- after the one before, so that they keep their order in last_worked. The caller takes the rest
 -- one pick at a time; a tenant with a cap or a rate limit it takes one pick at a time from the
@@ -137,19 +137,21 @@ BEGIN
                    IS NOT DISTINCT FROM (c.running_count, c.last_worked, c.weight,
                                          c.max_running, c.throttled)
                    AND c.ready_count = c.local_ready
-                   -- The user's row as this statement's snapshot shows it, too: a step that
-                   -- became claimable since (track_claimable_step writes the row) is
-                   -- invisible to the reads of user_work below.
-                   AND u.xmin = (SELECT seen.xmin FROM users seen WHERE seen.username = c.username)
+                   -- No step became claimable since this statement's snapshot: the reads of
+                   -- user_work below would not see it (track_claimable_step records them).
+                   AND u.step_made_claimable_by
+                       IS NOT DISTINCT FROM (SELECT seen.step_made_claimable_by
+                                               FROM users seen
+                                              WHERE seen.username = c.username)
                    AS exact_row,
                least(CASE WHEN u.max_running > 0 THEN u.max_running - u.running_count END,
                      CASE WHEN u.rate_per_second > 0 THEN
                          bucket_tokens(u.rate_per_second, u.burst, u.next_free) END,
                      cardinality(p_slots)) AS allowed
           FROM candidates c
-          JOIN LATERAL (SELECT u.xmin, u.running_count, u.last_worked, u.weight,
-                               u.max_running, u.throttled_until, u.rate_per_second, u.burst,
-                               u.next_free
+          JOIN LATERAL (SELECT u.step_made_claimable_by, u.running_count, u.last_worked,
+                               u.weight, u.max_running, u.throttled_until, u.rate_per_second,
+                               u.burst, u.next_free
                           FROM users u
                          WHERE u.username = c.username
                            FOR NO KEY UPDATE SKIP LOCKED) u ON true

@@ -25,12 +25,15 @@ LANGUAGE plpgsql
 AS $track$
 BEGIN
     IF NEW.claimable THEN
-        -- A new version of the owner's users row, which this transaction holds already: a set
-        -- that read the user's steps before this commits, and locks the user after, is handed
-        -- this version and so knows the steps it read may be out of date (claim_fair_round).
+        -- Recorded on the owner's users row, which this transaction holds already: a set that
+        -- read the user's steps before this commits, and locks the user after, sees another
+        -- transaction there and so knows the steps it read may be out of date
+        -- (claim_fair_round). Once per transaction: each rewrite of the row in one transaction
+        -- lengthens the chain of versions every later read of it walks.
         UPDATE users u
-           SET running_count = u.running_count
-         WHERE u.username = NEW.username;
+           SET step_made_claimable_by = pg_current_xact_id()
+         WHERE u.username = NEW.username
+           AND u.step_made_claimable_by IS DISTINCT FROM pg_current_xact_id();
         UPDATE user_work uw
            SET order_worked = uw.last_worked
           FROM (SELECT NEW.job_id, NEW.step_index
@@ -42,7 +45,10 @@ BEGIN
                    AND NEW.actor = '{}') level(job_id, step_index)
          WHERE (uw.job_id, uw.step_index, uw.component)
                = (level.job_id, level.step_index, NEW.component)
-           AND uw.claimable
+           -- Not limited to claimable steps: that condition would let the planner read the
+           -- claimable index in place of two key probes, and where a transaction makes many
+           -- steps claimable its statistics still say that index is small. A named step that
+           -- is no longer claimable is brought level harmlessly.
            AND uw.order_worked IS DISTINCT FROM uw.last_worked;
         INSERT INTO claimable_steps (job_id, step_index, component, service, tenant, username,
                                      seq, priority, shuffle)
