@@ -5,7 +5,7 @@
 UPDATE jobs SET status = 'accepted';
 UPDATE user_work uw
    SET ready_count = c.ready, running_count = 0, successful_count = 0, failed_count = 0,
-       canceled_count = 0, last_worked = NULL, ready_from = c.first
+       canceled_count = 0, last_worked = NULL, order_worked = NULL, ready_from = c.first
   FROM (SELECT job_id, step_index, component, count(*)::integer AS ready, min(id) AS first
           FROM work_items GROUP BY job_id, step_index, component) c
  WHERE (c.job_id, c.step_index, c.component) = (uw.job_id, uw.step_index, uw.component);
@@ -17,7 +17,8 @@ TRUNCATE strategy_running_changes;
 UPDATE strategy_running SET running = 0;
 UPDATE service_users su
    SET ready_count = c.ready, running_count = 0, last_worked = NULL,
-       local_ready = c.ready, local_running = 0, local_last_worked = NULL, throttled = false
+       local_ready = c.ready, local_running = 0, local_last_worked = NULL, throttled = false,
+       lone_job_id = NULL, lone_step_index = NULL
   FROM (SELECT service, component, tenant, username, sum(ready_count)::integer AS ready
           FROM user_work GROUP BY service, component, tenant, username) c
  WHERE (c.service, c.component, c.tenant, c.username)
