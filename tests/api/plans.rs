@@ -668,14 +668,20 @@ async fn items_are_addressed_by_primary_key_while_statistics_lag() {
         let extend = plan(&db, endings::ExtendLease::SQL, "24000, 1, 300000, NULL").await;
         let mut plans = vec![("extend_lease".to_owned(), extend)];
         plans.extend(nested_plans(&db, &mut notices, &finish(24000, 1)).await);
-        for (name, plan) in &plans {
-            for node in nodes(plan) {
-                if node["Relation Name"] == "work_items" && node["Node Type"] != "ModifyTable" {
-                    assert_eq!(
-                        node["Index Name"], "work_items_pkey",
-                        "{name} ({mode}) reads work_items otherwise: {plan:#}"
-                    );
-                }
+        assert_reads_through(&plans, "work_items", "work_items_pkey", mode);
+    }
+}
+
+/// Fails unless every read of `relation` in `plans` (its own update's target aside) goes
+/// through `index`.
+fn assert_reads_through(plans: &[(String, Value)], relation: &str, index: &str, mode: &str) {
+    for (name, plan) in plans {
+        for node in nodes(plan) {
+            if node["Relation Name"] == relation && node["Node Type"] != "ModifyTable" {
+                assert_eq!(
+                    node["Index Name"], index,
+                    "{name} ({mode}) reads {relation} otherwise: {plan:#}"
+                );
             }
         }
     }
@@ -710,20 +716,11 @@ async fn steps_made_claimable_are_levelled_by_key_while_statistics_lag() {
         db.batch_execute(&format!("SET plan_cache_mode = {mode}")).await.expect("plan mode");
         let plans = nested_plans(&db, &mut notices, "UPDATE user_work SET ready_count = 1").await;
         let levelling: Vec<_> = plans
-            .iter()
+            .into_iter()
             .filter(|(text, _)| text.contains("SET order_worked = uw.last_worked"))
             .collect();
         assert!(!levelling.is_empty(), "no plan of the levelling ({mode})");
-        for (text, plan) in levelling {
-            for node in nodes(plan) {
-                if node["Relation Name"] == "user_work" && node["Node Type"] != "ModifyTable" {
-                    assert_eq!(
-                        node["Index Name"], "user_work_pkey",
-                        "{text} ({mode}) reads user_work otherwise: {plan:#}"
-                    );
-                }
-            }
-        }
+        assert_reads_through(&levelling, "user_work", "user_work_pkey", mode);
     }
 }
 
