@@ -6,7 +6,7 @@
 BEGIN;
 \ir support.psql
 
-SELECT plan(15);
+SELECT plan(17);
 
 -- User p_user of service p_service (tenant p_tenant), with two synchronous jobs: <p_user>-a of
 -- three items worked two hours ago, <p_user>-b of one item worked an hour ago; with p_rival, a
@@ -90,6 +90,19 @@ UPDATE user_work SET paused = true WHERE job_id = pg_temp.job('liv-b');
 UPDATE user_work SET paused = false WHERE job_id = pg_temp.job('liv-b');
 SELECT is((SELECT u.ctid = v.version FROM users u, owner_version v WHERE u.username = 'liv'), true,
           'A second step made claimable in the transaction leaves its owner''s row as it was.');
+
+-- A claim of a step a strategy named writes the step's order column even where the step is its
+-- user's only claimable one: the lone-step probe is not asked for it (claim_step_item).
+SELECT pg_temp.submit('sol-a', 'sol', 'strat', 3, 'sol-t');
+UPDATE user_work
+   SET (last_worked, order_worked) = (now() - interval '1 hour', now() - interval '1 hour')
+ WHERE job_id = pg_temp.job('sol-a');
+SELECT is((SELECT job
+             FROM pg_temp.claim('strat',
+                                p_strategy => '[{"order": "oldest", "only": [], "caps": []}]')),
+          'sol-a', 'A strategy claims a user''s only claimable step.');
+SELECT is((SELECT order_worked = last_worked FROM user_work WHERE job_id = pg_temp.job('sol-a')),
+          true, 'A strategy''s claim of a lone step writes its order column.');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -72,7 +72,9 @@ BEGIN
     ), lone AS (
         -- Whether the step is the user's only claimable one of the queue (never under an
         -- actor): then its order column stays as it is and the step row's update is HOT
-        -- (track_claimable_step).
+        -- (track_claimable_step). Not asked for a step a strategy named: a strategy's claims
+        -- leave dead entries at the head of the user's steps in the index, which the probe
+        -- would walk on every claim, and such users mostly hold many steps anyway.
         SELECT count(*) = 1 AS only_step
           FROM (SELECT 1
                   FROM user_work other
@@ -82,6 +84,7 @@ BEGIN
                    AND other.username = p_username
                    AND other.actor = '{}'
                    AND p_path = '{}'
+                   AND p_step_job IS NULL
                    AND other.claimable
                  LIMIT 2) two
     ), item AS (
