@@ -13,11 +13,11 @@
 -- whose copies lag its user's counts or policy, or whose user had a step become claimable
 -- since the statement's snapshot was taken (unseen by the set), or whose user has work under
 -- actors (the order then goes down the actor tree). A user's later picks take further items
--- of its step when that step is its only claimable one, as far as its cap and bucket allow; with more steps the next
--- pick may go to another step, so the sequence stops there. Each pick is stamped a microsecond
--- after the one before, so that they keep their order in last_worked. The caller takes the rest
--- one pick at a time; a tenant with a cap or a rate limit it takes one pick at a time from the
--- start (admit_tenant).
+-- of its step when that step is its only claimable one, as far as its cap and bucket allow;
+-- with more steps the next pick may go to another step, so the sequence stops there. Each pick
+-- is stamped a microsecond after the one before, so that they keep their order in last_worked.
+-- The caller takes the rest one pick at a time; a tenant with a cap or a rate limit it takes
+-- one pick at a time from the start (admit_tenant).
 --
 -- Arguments: the service, querier and component; p_slots, one element per item the run still
 -- wants, in the order they are served: the request it is for (an index into p_workers and
