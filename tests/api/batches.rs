@@ -332,16 +332,10 @@ async fn a_services_claims_take_turns_while_other_services_go_on_beside_them() {
         .expect("hold the service's claim lock");
 
     let mut held_claim = pin!(app.claim("held"));
-    let waiting_for_the_lock = async {
-        let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
-        while app.db.query_one(waiting, &[]).await.expect("locks").get::<_, i64>(0) == 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
     let within = Duration::from_secs(10);
     tokio::select! {
         _ = &mut held_claim => panic!("the claim did not wait for its service's claim lock"),
-        waited = tokio::time::timeout(within, waiting_for_the_lock) => {
+        waited = tokio::time::timeout(within, app.await_advisory_lock_waiter("claim_items")) => {
             waited.expect("the claim never waited for its service's claim lock");
         }
     }

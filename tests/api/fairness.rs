@@ -1,5 +1,8 @@
 //! Harmony's five steps, each on its own, and the shares they produce.
 
+use std::pin::pin;
+use std::time::Duration;
+
 use serde_json::{json, Value};
 
 use crate::helpers::{spawn_app, TestApp};
@@ -392,6 +395,61 @@ async fn a_batch_stops_its_set_at_a_lagging_row_as_single_claims_would() {
     let sequence =
         batch_against_single_claims(&batched, &single, 5, |item| user_of(item).to_owned()).await;
     assert_eq!(sequence, ["a", "a", "b", "a", "b"]);
+}
+
+/// A set reads the users' steps as its statement began but locks each user only when it reaches
+/// it. A step made claimable by a transaction that commits in between must end the set before
+/// that user: the set would otherwise take the user's other step for its only claimable one and
+/// leave that step's place in the user's order behind (track_claimable_step).
+#[tokio::test]
+async fn a_step_made_claimable_while_a_set_runs_ends_the_set_before_its_user() {
+    const HELD: i64 = 4_600_046;
+    let app = spawn_app().await;
+    // A rate limit on a makes the set work out a's bucket after locking a and before locking b;
+    // the bucket's function here waits while the test holds HELD.
+    let response = app
+        .request(reqwest::Method::PUT, "/admin/users/a")
+        .json(&json!({ "rate_per_second": 1000.0, "burst": 100 }))
+        .send()
+        .await
+        .expect("PUT");
+    assert_eq!(response.status(), reqwest::StatusCode::OK);
+    app.submit_simple("a", "svc", 5, true).await;
+    app.submit_simple("b", "svc", 5, true).await;
+    app.db
+        .batch_execute(&format!(
+            "CREATE OR REPLACE FUNCTION bucket_tokens(p_rate double precision, p_burst integer,
+                                                    p_next_free timestamptz)
+             RETURNS bigint LANGUAGE plpgsql STABLE AS $held$
+             BEGIN
+                 PERFORM pg_advisory_lock_shared({HELD});
+                 PERFORM pg_advisory_unlock_shared({HELD});
+                 RETURN p_burst;
+             END $held$;
+             SELECT pg_advisory_lock({HELD});"
+        ))
+        .await
+        .expect("hold the set at a's bucket");
+
+    let mut claim = pin!(app.claim_with("service=svc&querier=pod-0&max=2"));
+    let within = Duration::from_secs(10);
+    tokio::select! {
+        _ = &mut claim => panic!("the set never reached a's bucket"),
+        held = tokio::time::timeout(within, app.await_advisory_lock_waiter("claim_items")) => {
+            held.expect("the set never reached a's bucket");
+        }
+    }
+    // b's second job commits while the set is at a, before it locks b.
+    tokio::select! {
+        _ = &mut claim => panic!("the set went on while held"),
+        _ = app.submit_simple("b", "svc", 5, true) => {}
+    }
+    app.db.execute("SELECT pg_advisory_unlock($1)", &[&HELD]).await.expect("let the set go");
+
+    let mut users: Vec<String> = claim.await.iter().map(|item| user_of(item).to_owned()).collect();
+    users.sort_unstable();
+    assert_eq!(users, ["a", "b"]);
+    app.assert_consistent().await;
 }
 
 /// Where users are claimed in several services, the rows behind a lagging one mostly lag too:

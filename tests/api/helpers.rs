@@ -293,6 +293,20 @@ impl TestApp {
         assert_eq!(body["consistent"], true, "counters drifted: {body:#}");
     }
 
+    /// Returns once a session whose statement contains `statement` waits for an advisory lock.
+    pub async fn await_advisory_lock_waiter(&self, statement: &str) {
+        let waiting = "SELECT count(*)
+                         FROM pg_locks l
+                         JOIN pg_stat_activity a USING (pid)
+                        WHERE l.locktype = 'advisory'
+                          AND NOT l.granted
+                          AND strpos(a.query, $1) > 0";
+        while self.db.query_one(waiting, &[&statement]).await.expect("locks").get::<_, i64>(0) == 0
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Waits until `count` workers of `service` are long-polling this broker.
     pub async fn await_waiting_workers(&self, service: &str, count: u64) {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
