@@ -332,13 +332,9 @@ async fn a_services_claims_take_turns_while_other_services_go_on_beside_them() {
         .expect("hold the service's claim lock");
 
     let mut held_claim = pin!(app.claim("held"));
+    let what = "the claim waited for its service's claim lock";
+    app.await_held_on_advisory_lock(&mut held_claim, "claim_items", what).await;
     let within = Duration::from_secs(10);
-    tokio::select! {
-        _ = &mut held_claim => panic!("the claim did not wait for its service's claim lock"),
-        waited = tokio::time::timeout(within, app.await_advisory_lock_waiter("claim_items")) => {
-            waited.expect("the claim never waited for its service's claim lock");
-        }
-    }
     let other = tokio::select! {
         _ = &mut held_claim => panic!("the claim went on while its service's lock was held"),
         other = tokio::time::timeout(within, app.claim("free")) => other,

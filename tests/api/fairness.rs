@@ -1,7 +1,6 @@
 //! Harmony's five steps, each on its own, and the shares they produce.
 
 use std::pin::pin;
-use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -432,13 +431,7 @@ async fn a_step_made_claimable_while_a_set_runs_ends_the_set_before_its_user() {
         .expect("hold the set at a's bucket");
 
     let mut claim = pin!(app.claim_with("service=svc&querier=pod-0&max=2"));
-    let within = Duration::from_secs(10);
-    tokio::select! {
-        _ = &mut claim => panic!("the set never reached a's bucket"),
-        held = tokio::time::timeout(within, app.await_advisory_lock_waiter("claim_items")) => {
-            held.expect("the set never reached a's bucket");
-        }
-    }
+    app.await_held_on_advisory_lock(&mut claim, "claim_items", "the set reached a's bucket").await;
     // b's second job commits while the set is at a, before it locks b.
     tokio::select! {
         _ = &mut claim => panic!("the set went on while held"),

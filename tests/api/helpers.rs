@@ -1,6 +1,7 @@
 //! One harness for every API test: each test gets a broker on its own port, over its own
 //! database cloned from a migrated template, on a real PostgreSQL.
 
+use std::future::Future;
 use std::time::Duration;
 
 use fairway_pg::Database;
@@ -293,17 +294,33 @@ impl TestApp {
         assert_eq!(body["consistent"], true, "counters drifted: {body:#}");
     }
 
-    /// Returns once a session whose statement contains `statement` waits for an advisory lock.
-    pub async fn await_advisory_lock_waiter(&self, statement: &str) {
+    /// Returns once `request` is held: a session whose statement contains `statement` waits
+    /// for an advisory lock. Panics, saying `what` did not happen, if `request` finishes first or
+    /// nothing waits within ten seconds.
+    pub async fn await_held_on_advisory_lock<F: Future + Unpin>(
+        &self,
+        request: &mut F,
+        statement: &str,
+        what: &str,
+    ) {
         let waiting = "SELECT count(*)
                          FROM pg_locks l
                          JOIN pg_stat_activity a USING (pid)
                         WHERE l.locktype = 'advisory'
                           AND NOT l.granted
                           AND strpos(a.query, $1) > 0";
-        while self.db.query_one(waiting, &[&statement]).await.expect("locks").get::<_, i64>(0) == 0
-        {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        let held = async {
+            while self.db.query_one(waiting, &[&statement]).await.expect("locks").get::<_, i64>(0)
+                == 0
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::select! {
+            _ = request => panic!("{what}: the request finished first"),
+            held = tokio::time::timeout(Duration::from_secs(10), held) => {
+                held.unwrap_or_else(|_| panic!("{what}: nothing waited"));
+            }
         }
     }
 
