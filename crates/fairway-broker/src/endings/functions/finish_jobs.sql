@@ -2,15 +2,19 @@
 -- further item can then be created, because new items are created in the same transaction as
 -- the change that produces them. One call for a batch of endings, however many jobs they
 -- finished. Wakes whoever waits for a job it finished (GET /jobs/{id}?wait=), in every broker,
--- at commit.
+-- at commit. PL/pgSQL rather than SQL: a session keeps a PL/pgSQL function's plan, while it
+-- plans a SQL function's body that cannot be inlined, as this one's UPDATE cannot, on every call.
 --
 -- Arguments: the jobs, in id order. Answer: none.
 -- Locks: the finished jobs' rows, in the order given.
 
 CREATE OR REPLACE FUNCTION finish_jobs(p_job_ids uuid[])
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $finish_jobs$
+DECLARE
+    v_finished bigint;
+BEGIN
     WITH counts AS (
         -- Per job, from its own rows: a LATERAL sum rather than a GROUP BY, which could sort.
         SELECT job.id AS job_id, c.ready, c.scheduled, c.running, c.successful, c.failed
@@ -40,5 +44,8 @@ AS $finish_jobs$
            AND counts.running = 0
         RETURNING j.job_id
     )
-    SELECT pg_notify('fairway_job_finished', finished.job_id::text) FROM finished;
+    SELECT count(pg_notify('fairway_job_finished', finished.job_id::text))
+      INTO v_finished
+      FROM finished;
+END;
 $finish_jobs$;
