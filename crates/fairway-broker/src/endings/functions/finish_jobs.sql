@@ -44,6 +44,7 @@ BEGIN
            AND counts.running = 0
         RETURNING j.job_id
     )
+    -- PL/pgSQL runs a data-modifying WITH only as a SELECT ... INTO; the count goes unused.
     SELECT count(pg_notify('fairway_job_finished', finished.job_id::text))
       INTO v_finished
       FROM finished;
