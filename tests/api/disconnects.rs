@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 
 use crate::helpers::{spawn_app_with, TestApp};
 
-/// The bound docs/api.md promises for an item claimed for a vanished long poll.
+/// The bound docs/workers.md promises for an item claimed for a vanished long poll.
 const BOUND: Duration = Duration::from_secs(10);
 
 /// Starts a long poll for `svc` on a raw connection, as `querier`, and returns the connection.

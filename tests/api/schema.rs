@@ -1,4 +1,4 @@
-//! The schema as the broker installs it: migrations hold the tables, the duties' `functions/` hold
+//! The schema as the broker installs it: migrations hold the tables, the workspace's `sql/` holds
 //! every server function, and the database can differ from neither.
 
 use fairway_broker::db::functions::{self, FILES, REVISION};

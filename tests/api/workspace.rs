@@ -1,8 +1,9 @@
 //! The workspace's arrows, read from `cargo metadata`: the product never depends on its tools,
 //! the broker knows neither HTTP nor the command line, and a Rust worker that embeds the client
 //! compiles neither actix nor a PostgreSQL driver. And the broker's rooms, read from its
-//! source: each duty keeps its statements and functions in its own folder, and reads no
-//! other duty's.
+//! source: each duty keeps its statements in its own folder and reads no other duty's, and
+//! what it installs into the database sits in the workspace's `sql/`, in a folder named like
+//! the duty.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -137,8 +138,9 @@ fn the_wire_types_and_the_client_carry_no_trace_exporter() {
     }
 }
 
-/// The broker's duties: each a folder of `crates/fairway-broker/src` with its Rust, its
-/// statements' `.sql` files and, in `functions/`, its server functions.
+/// The broker's duties: each a folder of `crates/fairway-broker/src` with its Rust and its
+/// statements' `.sql` files; a duty that installs server functions or triggers has a folder of
+/// the same name in the workspace's `sql/`.
 const DUTIES: [&str; 9] = [
     "auth",
     "claims",
@@ -188,18 +190,9 @@ fn each_duty_reads_no_other_duty_s_statements() {
 #[test]
 fn every_broker_statement_sits_in_the_folder_of_the_duty_that_declares_it() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    assert!(
-        !root.join("sql").exists(),
-        "the broker's statements live beside its duties, not in sql/"
-    );
-    let functions: BTreeSet<String> =
-        fairway_broker::db::functions::FILES.iter().map(|file| file.path()).collect();
     for file in files_under(&broker_source(), "sql") {
         let relative =
             file.strip_prefix(root).expect("under the root").to_string_lossy().into_owned();
-        if functions.contains(&relative) {
-            continue;
-        }
         let folder = file.parent().expect("a folder");
         let name = file.file_stem().expect("a name").to_string_lossy().into_owned();
         let declared = files_under(folder, "rs").iter().any(|source| {
@@ -208,7 +201,71 @@ fn every_broker_statement_sits_in_the_folder_of_the_duty_that_declares_it() {
         });
         assert!(
             declared,
-            "{relative} is neither a server function nor a statement its folder declares"
+            "{relative} is not a statement its folder declares: a server function or trigger \
+             belongs in sql/<duty>/"
+        );
+    }
+}
+
+/// The folders and files the design card names at the top of the workspace.
+const TOP_LEVEL: [&str; 8] =
+    ["Cargo.toml", "migrations", "src", "sql", "tests", "k8s", "Makefile", "README.md"];
+
+#[test]
+fn the_workspace_has_the_design_card_s_top_level() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for name in TOP_LEVEL {
+        assert!(root.join(name).exists(), "the workspace has no {name}");
+    }
+}
+
+/// Each folder of `sql/` is named like a duty of the broker, and holds only server functions,
+/// each in the file named like it; the broker installs every one of them.
+#[test]
+fn every_folder_of_sql_is_a_duty_and_every_file_a_function_the_broker_installs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let installed: BTreeSet<String> =
+        fairway_broker::db::functions::FILES.iter().map(|file| file.path()).collect();
+    let mut on_disk = BTreeSet::new();
+    for entry in std::fs::read_dir(root.join("sql")).expect("sql/ exists") {
+        let folder = entry.expect("directory entry").path();
+        let duty = folder.file_name().expect("a name").to_string_lossy().into_owned();
+        assert!(
+            DUTIES.contains(&duty.as_str()) && broker_source().join(&duty).is_dir(),
+            "sql/{duty} is named like no duty of crates/fairway-broker/src"
+        );
+        for file in files_under(&folder, "sql") {
+            let name = file.file_stem().expect("a name").to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(&file).expect("readable file");
+            assert!(
+                text.contains(&format!("CREATE OR REPLACE FUNCTION {name}(")),
+                "sql/{duty}/{name}.sql must define the function {name}"
+            );
+            on_disk.insert(format!("sql/{duty}/{name}.sql"));
+        }
+    }
+    assert_eq!(on_disk, installed, "the broker installs exactly the files of sql/");
+}
+
+/// The other way: no duty keeps database code of its own, and migrations hold schema only.
+#[test]
+fn server_functions_live_only_in_sql() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for file in files_under(&broker_source(), "sql") {
+        let text = std::fs::read_to_string(&file).expect("readable statement");
+        assert!(
+            !text.to_uppercase().contains("CREATE OR REPLACE FUNCTION"),
+            "{} defines a server function: it belongs in sql/<duty>/",
+            file.display()
+        );
+    }
+    for file in files_under(&root.join("migrations"), "sql") {
+        let text = std::fs::read_to_string(&file).expect("readable migration");
+        let upper = text.to_uppercase();
+        assert!(
+            !upper.contains("CREATE FUNCTION") && !upper.contains("CREATE OR REPLACE FUNCTION"),
+            "{} defines a server function: migrations hold schema only",
+            file.display()
         );
     }
 }

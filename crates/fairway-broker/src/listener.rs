@@ -9,12 +9,12 @@ use tokio_postgres::AsyncMessage;
 
 use crate::db::sql::Statement;
 use crate::db::ServerState;
-use crate::WorkSignals;
+use crate::signals::WorkSignals;
 
 /// The channel that `counters/notify_work_ready.sql` notifies, with the service as payload.
 const WORK_READY: &str = "fairway_work_ready";
 
-/// The channel that `endings/functions/finish_jobs.sql` and `jobs/notify_job_finished.sql`
+/// The channel that `sql/endings/finish_jobs.sql` and `jobs/notify_job_finished.sql`
 /// notify, with the job id as payload.
 const JOB_FINISHED: &str = "fairway_job_finished";
 

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::core::Core;
-use crate::BrokerError;
+use crate::error::BrokerError;
 
 /// Runs of one transaction, the first included, before its contention is reported.
 pub const ATTEMPTS: u32 = 3;

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use crate::claims::statements::ClaimedRow;
 use crate::db::sql::{row, FromRow};
-use crate::BrokerError;
+use crate::error::BrokerError;
 use fairway_api::model::{
     progress, ItemStatus, JobDocument, JobId, JobStatus, Mismatch, StepDocument, StrategyUsage,
     UserShare, UserWorkRow, WorkItem, WorkItemId,
@@ -48,7 +48,7 @@ macro_rules! stored_status {
 stored_status!(JobStatus, "job status");
 stored_status!(ItemStatus, "work item status");
 
-/// A claimed item (`claims/functions/claim_items.sql`) of `service`, which the row does not repeat;
+/// A claimed item (`sql/claims/claim_items.sql`) of `service`, which the row does not repeat;
 /// None for a row that reports on a request without an item. An item's row missing a column means
 /// the function and this build disagree: the batch is lost rather than an item dropped unseen.
 pub fn work_item(row: ClaimedRow, service: &str) -> Result<Option<WorkItem>, BrokerError> {

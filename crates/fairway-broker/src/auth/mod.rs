@@ -28,8 +28,9 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::db::sql;
+use crate::error::BrokerError;
+use crate::maintenance::Upkeep;
 use crate::rows::TokenRow;
-use crate::{BrokerError, Upkeep};
 use fairway_api::model::{ServiceName, TenantName};
 use fairway_api::tokens::{Role, TokenDocument};
 use statements::{
@@ -464,6 +465,7 @@ pub fn check_admin_token(token: &str) -> Result<(), String> {
 
 /// The token cache's upkeep: `serve` refreshes it every --auth-cache-ttl.
 impl Upkeep for Authenticator {
+    const NAME: &'static str = "token_cache_refresh";
     const WHAT: &'static str = "refreshing the token cache";
 
     fn interval(&self) -> Duration {

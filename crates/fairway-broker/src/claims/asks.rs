@@ -9,8 +9,9 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 
 use super::statements::{ListServiceAsks, RecordServiceAsks};
+use super::Claims;
 use crate::db::sql;
-use crate::{BrokerError, Claims};
+use crate::error::BrokerError;
 
 /// Most services remembered: the names come from requests, so memory stays bounded whatever a
 /// client sends. A service past it still gets its work; only its asks go unrecorded.

@@ -16,9 +16,11 @@ use tokio::time::Instant;
 use crate::batch::{answer_each, batch_index, in_batch, KeyedBatches};
 use crate::core::Core;
 use crate::db::sql;
+use crate::endings::Endings;
+use crate::error::BrokerError;
 use crate::metrics::{ClaimOutcome, ClaimedItem};
+use crate::tenancy::Tenancy;
 use crate::{rows, traces};
-use crate::{BrokerError, Endings, Tenancy};
 use asks::ServiceAsks;
 use fairway_api::model::{ClaimRequest, ServiceName, WorkItem};
 use fairway_api::strategy::{ends_in_fair, has_hard_cap};
@@ -29,7 +31,7 @@ use statements::{ClaimItems, HasClaimableWork, ServiceIsNamed};
 const RELEASE_POLL: Duration = Duration::from_millis(50);
 
 /// How often a long poll under a hard cap looks again: capacity freed by an ending is not
-/// notified (see `counters/functions/log_strategy_running.sql`).
+/// notified (see `sql/counters/log_strategy_running.sql`).
 const CAPPED_POLL: Duration = Duration::from_millis(200);
 
 /// How long a claim keeps waiting for busy users before it reports no work.

@@ -1,5 +1,5 @@
 //! Every statement of the claims duty, one per `.sql` file beside it, or a call of a server
-//! function of `functions/`: the claim batch, the long poll's checks and the asks for work.
+//! function of `sql/claims/`: the claim batch, the long poll's checks and the asks for work.
 
 use chrono::{DateTime, Utc};
 use serde_json::value::RawValue;
@@ -10,7 +10,7 @@ use uuid::Uuid;
 use crate::db::sql::{row, statement};
 
 statement! {
-    /// Claims for a batch of workers in one transaction (`functions/claim_items.sql`):
+    /// Claims for a batch of workers in one transaction (`sql/claims/claim_items.sql`):
     /// request i is the i-th of each array.
     ClaimItems<'a> = function "SELECT * FROM claim_items($1, $2, $3, $4, $5, $6, $7, $8)"
         -> ClaimedRow {

@@ -4,7 +4,7 @@
 //! items goes through [`apply_step_deltas`], and every recount and check through here.
 //!
 //! Three rows follow their counters by trigger rather than by a statement the Rust calls
-//! (`functions/track_claimable_step.sql`, `lower_ready_from.sql`, `log_strategy_running.sql`);
+//! (`sql/counters/`: `track_claimable_step.sql`, `lower_ready_from.sql`, `log_strategy_running.sql`);
 //! each file's header says why a trigger is the only correct place.
 
 pub mod statements;
@@ -12,7 +12,7 @@ pub mod statements;
 use deadpool_postgres::GenericClient;
 
 use crate::db::sql;
-use crate::BrokerError;
+use crate::error::BrokerError;
 use fairway_api::model::{JobId, Mismatch};
 use statements::{
     ApplyStepDeltas, ApplyTenantDeltas, CheckConsistency, CreateStepQueues, FoldStrategyRunning,

@@ -1,5 +1,5 @@
 //! Every statement that moves or checks the fair order's counters, one per `.sql` file beside
-//! it, or a call of a server function of `functions/`.
+//! it, or a call of a server function of `sql/counters/`.
 
 use uuid::Uuid;
 

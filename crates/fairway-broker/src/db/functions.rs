@@ -1,5 +1,5 @@
-//! The server functions, one file each in the `functions/` folder of the duty they serve
-//! (`claims/functions/claim_items.sql`), installed as one set after the migrations. The database
+//! The server functions, one file each in the workspace's `sql/`, in the folder of the duty they
+//! serve (`sql/claims/claim_items.sql`), installed as one set after the migrations. The database
 //! records which set it holds (`fairway_functions`), so that a broker carrying the same set does
 //! nothing and one carrying an older set refuses to start rather than overwrite newer functions.
 
@@ -13,71 +13,26 @@ use super::DbError;
 /// fails until both match the files.
 pub const REVISION: i32 = 36;
 
-macro_rules! function_files {
-    ($($duty:literal / $name:literal),* $(,)?) => {
-        &[$(
-            FunctionFile {
-                duty: $duty,
-                name: $name,
-                text: include_str!(concat!("../", $duty, "/functions/", $name, ".sql")),
-            },
-        )*]
-    };
-}
-
 /// One server function's file: a function named as the file, and for a trigger function the
 /// trigger bindings that call it (a binding can only be made once its function exists).
 #[derive(Debug)]
 pub struct FunctionFile {
-    /// The folder of the duty whose `functions/` holds the file.
+    /// The duty whose folder in `sql/` holds the file.
     pub duty: &'static str,
     pub name: &'static str,
     pub text: &'static str,
 }
 
 impl FunctionFile {
-    /// The file's path in the broker's source, for messages.
+    /// The file's path in the workspace, for messages.
     pub fn path(&self) -> String {
-        format!("crates/fairway-broker/src/{}/functions/{}.sql", self.duty, self.name)
+        format!("sql/{}/{}.sql", self.duty, self.name)
     }
 }
 
-/// Every function file, in name order, which is the order they install in; a test checks that
-/// the duties' `functions/` folders hold no other.
-pub const FILES: &[FunctionFile] = function_files![
-    "claims" / "admit_services",
-    "claims" / "admit_tenant",
-    "counters" / "apply_step_deltas",
-    "counters" / "apply_tenant_delta",
-    "counters" / "apply_tenant_deltas",
-    "claims" / "begin_claim_batch",
-    "policies" / "bucket_charged",
-    "policies" / "bucket_due",
-    "policies" / "bucket_tokens",
-    "claims" / "charge_services",
-    "claims" / "claim_actor_path",
-    "claims" / "claim_fair_round",
-    "claims" / "claim_fair_user",
-    "claims" / "claim_items",
-    "claims" / "claim_step_item",
-    "claims" / "claim_strategy_step",
-    "claims" / "claim_tenant_row",
-    "endings" / "finish_items",
-    "endings" / "finish_jobs",
-    "counters" / "fold_strategy_running",
-    "counters" / "fold_tenant_running_changes",
-    "claims" / "list_components",
-    "counters" / "log_strategy_running",
-    "counters" / "lower_ready_from",
-    "claims" / "open_strategy_steps",
-    "maintenance" / "promote_scheduled_items",
-    "counters" / "recount_tenant_running",
-    "policies" / "retry_ms_until",
-    "claims" / "service_running",
-    "claims" / "tenant_has_rivals",
-    "claims" / "tenant_running",
-    "counters" / "track_claimable_step",
-];
+/// Every file of the workspace's `sql/`, in file-name order, which is the order they install
+/// in; the build script lists them from the tree.
+pub const FILES: &[FunctionFile] = include!(concat!(env!("OUT_DIR"), "/function_files.rs"));
 
 /// SHA-256 over every file's name and text, in name order, as hex.
 pub fn digest() -> String {
@@ -170,21 +125,19 @@ mod tests {
     }
 
     #[test]
-    fn every_function_file_is_installed_in_name_order() {
-        let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    fn every_file_of_sql_is_installed_once_in_name_order() {
+        let sql = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sql");
         let mut on_disk = Vec::new();
-        for duty in std::fs::read_dir(&source).expect("src exists") {
-            let functions = duty.expect("directory entry").path().join("functions");
-            let Ok(files) = std::fs::read_dir(&functions) else { continue };
-            for file in files {
+        for duty in std::fs::read_dir(&sql).expect("sql/ exists") {
+            let duty = duty.expect("directory entry").path();
+            for file in std::fs::read_dir(&duty).expect("a duty's folder") {
                 let path = file.expect("directory entry").path();
-                let relative = path.strip_prefix(&source).expect("under src");
-                on_disk.push(relative.to_string_lossy().into_owned());
+                let relative = path.strip_prefix(&sql).expect("under sql/");
+                on_disk.push(format!("sql/{}", relative.to_string_lossy()));
             }
         }
         on_disk.sort_by_key(|path| path.rsplit('/').next().map(str::to_owned));
-        let listed: Vec<String> =
-            FILES.iter().map(|file| format!("{}/functions/{}.sql", file.duty, file.name)).collect();
-        assert_eq!(on_disk, listed, "FILES must list every duty's function file, in name order");
+        let listed: Vec<String> = FILES.iter().map(FunctionFile::path).collect();
+        assert_eq!(on_disk, listed, "FILES must list every file of sql/, in name order");
     }
 }

@@ -1,5 +1,5 @@
 //! The schema: numbered migrations from `migrations/` (tables, indexes, constraints), then the
-//! server functions of each duty's `functions/`, both under one advisory lock so that brokers
+//! server functions of the workspace's `sql/`, both under one advisory lock so that brokers
 //! starting together take turns.
 
 use deadpool_postgres::Pool;

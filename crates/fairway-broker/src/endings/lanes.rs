@@ -12,7 +12,7 @@ use lru::LruCache;
 use super::outcome::AttemptEnding;
 use super::Answer;
 use crate::batch::Batches;
-use crate::BrokerError;
+use crate::error::BrokerError;
 use fairway_api::model::WorkItemId;
 
 /// The queue one lane works off.

@@ -6,7 +6,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::statements::ItemState;
-use crate::BrokerError;
+use crate::error::BrokerError;
 use fairway_api::model::{ComponentName, ItemStatus, WorkItemId};
 use fairway_api::retry::RetryPolicy;
 

@@ -1,5 +1,5 @@
 //! Every statement of the endings duty, one per `.sql` file beside it, or a call of a server
-//! function of `functions/`: ending attempts, leases, workflow growth and retries.
+//! function of `sql/endings/`: ending attempts, leases, workflow growth and retries.
 
 use serde_json::Value;
 use tokio_postgres::types::Json;
@@ -11,7 +11,7 @@ use crate::rows::Stored;
 use fairway_api::model::ItemStatus;
 
 statement! {
-    /// Ends the attempts of a batch (`functions/finish_items.sql`): ending i is the i-th of
+    /// Ends the attempts of a batch (`sql/endings/finish_items.sql`): ending i is the i-th of
     /// each array.
     FinishItems<'a> = function
         "SELECT * FROM finish_items($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
@@ -181,7 +181,7 @@ statement! {
 
 statement! {
     /// Finishes each of the jobs that has nothing ready or running
-    /// (`functions/finish_jobs.sql`).
+    /// (`sql/endings/finish_jobs.sql`).
     FinishJobs<'a> = function "SELECT finish_jobs($1)" -> () {
         /// In id order.
         job_ids: &'a [Uuid],

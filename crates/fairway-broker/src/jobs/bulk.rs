@@ -6,8 +6,9 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::statements::{FilteredJob, FindFilteredJobs};
+use super::Jobs;
 use crate::db::sql;
-use crate::{BrokerError, Jobs};
+use crate::error::BrokerError;
 use fairway_api::model::{JobId, JobStatus};
 
 /// How many matching jobs are read at a time.

@@ -9,10 +9,11 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use super::statements::{ListJobItems, ListJobs};
+use super::Jobs;
 use crate::core::snapshot;
 use crate::db::sql;
+use crate::error::BrokerError;
 use crate::jobs::{job_documents, read_job};
-use crate::{BrokerError, Jobs};
 use fairway_api::model::{ItemStatus, JobDocument, JobId, JobStatus, ServiceName, TenantName};
 use fairway_api::pages::{
     ItemDocument, ItemError, ItemFilter, ItemsCursor, ItemsPage, JobOwner, JobsCursor, JobsFilter,

@@ -18,9 +18,10 @@ use crate::counters::{
     self, apply_step_deltas, create_step_queues, StepDeltas, TenantDeltas, TenantRow,
 };
 use crate::db::sql;
+use crate::error::BrokerError;
 use crate::metrics::Finish;
 use crate::rows::{self, JobRow};
-use crate::{traces, BrokerError};
+use crate::traces;
 use fairway_api::model::{
     reject_nul, ComponentName, JobDocument, JobId, JobStatus, NewItem, NewJob, StepDocument,
 };

@@ -1,6 +1,6 @@
 //! Policies operators set on users and services: a user's weight, and caps on running items and
 //! rate limits for both. (A tenant's policy is set with its limits, by tenancy.) Claims enforce
-//! them in their own transaction (`claims/functions/`); this duty reads and writes them.
+//! them in their own transaction (`sql/claims/`); this duty reads and writes them.
 
 pub mod statements;
 
@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::core::Core;
 use crate::db::sql;
-use crate::BrokerError;
+use crate::error::BrokerError;
 use fairway_api::model::{ServiceName, UserName};
 use fairway_api::policy::{PolicyChange, ServicePolicyDocument, UserPolicyDocument};
 use statements::{

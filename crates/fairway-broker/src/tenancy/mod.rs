@@ -10,7 +10,7 @@ use deadpool_postgres::GenericClient;
 use crate::core::Core;
 use crate::counters;
 use crate::db::sql;
-use crate::BrokerError;
+use crate::error::BrokerError;
 use fairway_api::model::{QuerierName, TenantName};
 use fairway_api::tenancy::{QuerierDocument, TenantChange, TenantDocument};
 use statements::{

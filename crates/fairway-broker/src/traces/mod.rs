@@ -11,7 +11,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use uuid::Uuid;
 
 use crate::db::sql::{self, row, statement};
-use crate::BrokerError;
+use crate::error::BrokerError;
 use fairway_api::traceparent::TraceParent;
 
 statement! {
