@@ -14,6 +14,7 @@ mod failover;
 mod fairness;
 mod helpers;
 mod idempotency;
+mod leadership;
 mod leases;
 mod lifecycle;
 mod longpoll;

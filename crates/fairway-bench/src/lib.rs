@@ -312,7 +312,7 @@ async fn run_path(
         client.batch_execute("ANALYZE work_items").await?;
     }
     let mut servers = Vec::new();
-    let mut upkeep = Vec::new();
+    let mut upkeep = None;
     let runner = match path {
         BenchPath::Fair
         | BenchPath::Oldest
@@ -325,7 +325,7 @@ async fn run_path(
         | BenchPath::OrElseSelectOnlyRandom => {
             let broker = startup::broker(pool.clone(), &serve_args(args), WorkSignals::default())?;
             // With the upkeep `serve` runs beside it, as in production.
-            upkeep = startup::maintain(&broker, &serve_args(args));
+            upkeep = Some(startup::maintain(&broker, config, &serve_args(args), None));
             let strategy = match path.strategy() {
                 Some(text) => Strategy::parse(text)?.to_claim_argument(),
                 None => None,
@@ -418,8 +418,8 @@ async fn run_path(
         handle.stop(true).await;
         let _ = task.await;
     }
-    for task in upkeep {
-        task.abort();
+    if let Some(upkeep) = upkeep {
+        upkeep.stop().await;
     }
     if baseline {
         let client = pool.get().await?;

@@ -8,8 +8,37 @@ use deadpool_postgres::{Object, Pool};
 use tokio::sync::watch;
 
 use crate::db::sql;
+use crate::error::BrokerError;
 use crate::metrics::Metrics;
-use crate::{BrokerError, BrokerSettings, WorkSignals};
+use crate::signals::WorkSignals;
+
+/// Behaviour that operators tune.
+#[derive(Debug, Clone, Copy)]
+pub struct BrokerSettings {
+    /// How long a claim is leased without a heartbeat.
+    pub lease: Duration,
+    /// How long a claim first leases its item, when shorter than `lease` and not zero: the
+    /// worker's first heartbeat or report extends it to `lease`.
+    pub first_lease: Duration,
+    /// Retries after a retryable failure before an item fails for good.
+    pub max_retries: u32,
+    /// How long a querier that neither asks for work nor holds a lease stays a member.
+    pub querier_forget_delay: Duration,
+    /// How many claim transactions run at once, each for a different service; claims that
+    /// arrive meanwhile queue and go together in their service's next one.
+    pub claim_lanes: usize,
+    /// How many attempt-ending transactions run at once, each owner's endings in one of them;
+    /// endings that arrive meanwhile queue and go together in their lane's next one.
+    pub ending_lanes: usize,
+    /// Most requests one such transaction serves.
+    pub batch_max: usize,
+    /// Longest a long poll is held, whatever the request asks.
+    pub long_poll_max: Duration,
+    /// How long a submission's Idempotency-Key is remembered.
+    pub idempotency_ttl: Duration,
+    /// What a submission's `retry` object leaves out.
+    pub retry_defaults: fairway_api::retry::RetryPolicy,
+}
 
 pub struct Core {
     pub pool: Pool,

@@ -39,11 +39,11 @@ pub mod statements {
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use tokio::sync::{watch, Notify};
 
+pub use crate::core::BrokerSettings;
 use crate::core::Core;
 use crate::metrics::Metrics;
 use batch::KeyedBatches;
@@ -53,40 +53,12 @@ pub use error::BrokerError;
 pub use jobs::bulk::{BulkAction, BulkOutcome, JobFilter};
 pub use jobs::{IdempotencyKey, Jobs, RetriedJob, Submission};
 pub use maintenance::{
-    AskFlusher, Maintenance, Promoter, PruneBatch, PrunedJob, Pruner, QueueWaitReader, Reaper,
-    Resharder, StrategyRunningFolder, Upkeep, Vacuum,
+    AskFlusher, Maintenance, MaintenanceLeader, Promoter, PruneBatch, PrunedJob, Pruner,
+    QueueWaitReader, Reaper, Resharder, Running, StrategyRunningFolder, Upkeep, Upkeeps, Vacuum,
 };
 pub use policies::Policies;
 pub use signals::WorkSignals;
 pub use tenancy::Tenancy;
-
-/// Behaviour that operators tune.
-#[derive(Debug, Clone, Copy)]
-pub struct BrokerSettings {
-    /// How long a claim is leased without a heartbeat.
-    pub lease: Duration,
-    /// How long a claim first leases its item, when shorter than `lease` and not zero: the
-    /// worker's first heartbeat or report extends it to `lease`.
-    pub first_lease: Duration,
-    /// Retries after a retryable failure before an item fails for good.
-    pub max_retries: u32,
-    /// How long a querier that neither asks for work nor holds a lease stays a member.
-    pub querier_forget_delay: Duration,
-    /// How many claim transactions run at once, each for a different service; claims that
-    /// arrive meanwhile queue and go together in their service's next one.
-    pub claim_lanes: usize,
-    /// How many attempt-ending transactions run at once, each owner's endings in one of them;
-    /// endings that arrive meanwhile queue and go together in their lane's next one.
-    pub ending_lanes: usize,
-    /// Most requests one such transaction serves.
-    pub batch_max: usize,
-    /// Longest a long poll is held, whatever the request asks.
-    pub long_poll_max: Duration,
-    /// How long a submission's Idempotency-Key is remembered.
-    pub idempotency_ttl: Duration,
-    /// What a submission's `retry` object leaves out.
-    pub retry_defaults: fairway_api::retry::RetryPolicy,
-}
 
 /// The broker: cheap to clone, shared by every request handler and background task. It owns
 /// one type per duty and what they share; handlers reach a duty through its accessor.
@@ -177,7 +149,7 @@ impl Broker {
         &self.duties.tenancy
     }
 
-    pub fn metrics(&self) -> &Metrics {
+    pub fn metrics(&self) -> &Arc<Metrics> {
         &self.core.metrics
     }
 

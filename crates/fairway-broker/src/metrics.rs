@@ -137,6 +137,8 @@ pub struct Metrics {
     waiting_workers: IntGaugeVec,
     pool_connections: IntGaugeVec,
     pool_max: IntGauge,
+    maintenance_leader: IntGauge,
+    upkeep_passes: IntCounterVec,
     snapshot: tokio::sync::Mutex<Snapshot>,
     pending_waits: Mutex<Vec<ClaimedItem>>,
 }
@@ -188,6 +190,12 @@ impl Metrics {
             "Most connections this broker's database pool opens (--pool-size).",
         )?;
         registry.register(Box::new(pool_max.clone()))?;
+        let maintenance_leader = IntGauge::new(
+            "fairway_maintenance_leader",
+            "1 while this broker is the maintenance leader, the one broker that runs the \
+             shared upkeeps (reaper, promoter, pruner, vacuum, resharder); 0 otherwise.",
+        )?;
+        registry.register(Box::new(maintenance_leader.clone()))?;
         let build_info = int_gauge(
             "fairway_build_info",
             "Always 1; the broker's version is in the label.",
@@ -318,6 +326,13 @@ impl Metrics {
                 &["state"],
             )?,
             pool_max,
+            maintenance_leader,
+            upkeep_passes: counter(
+                "fairway_upkeep_passes_total",
+                "Passes of each background upkeep this broker ran, failed ones included; the \
+                 shared upkeeps run only on the maintenance leader.",
+                &["upkeep"],
+            )?,
             registry,
             tenant_label,
             refresh,
@@ -348,6 +363,16 @@ impl Metrics {
     pub fn finished(&self, service: &str, tenant: &str, finish: Finish, count: u64) {
         let labels = self.with_tenant(service, tenant, &[finish.as_str()]);
         self.finished.with_label_values(&labels).inc_by(count);
+    }
+
+    /// Whether this broker holds the maintenance leadership.
+    pub fn set_maintenance_leader(&self, leader: bool) {
+        self.maintenance_leader.set(i64::from(leader));
+    }
+
+    /// The count of `upkeep`'s passes, for the loop that runs them.
+    pub fn upkeep_passes(&self, upkeep: &str) -> prometheus::IntCounter {
+        self.upkeep_passes.with_label_values(&[upkeep])
     }
 
     pub fn lease_expired(&self, service: &str) {

@@ -8,6 +8,7 @@ use actix_web::dev::Server;
 use actix_web::{web, App, HttpServer};
 use deadpool_postgres::Pool;
 use thiserror::Error;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::auth::AuthState;
@@ -18,8 +19,9 @@ use fairway_broker::auth::{self, Authenticator};
 use fairway_broker::db::{self, DbError};
 use fairway_broker::metrics::Metrics;
 use fairway_broker::{
-    AskFlusher, Broker, BrokerError, BrokerSettings, Promoter, Pruner, QueueWaitReader, Reaper,
-    Resharder, StrategyRunningFolder, Upkeep, Vacuum, WorkSignals,
+    AskFlusher, Broker, BrokerError, BrokerSettings, MaintenanceLeader, Promoter, Pruner,
+    QueueWaitReader, Reaper, Resharder, Running, StrategyRunningFolder, Upkeeps, Vacuum,
+    WorkSignals,
 };
 use fairway_pg::Database;
 
@@ -73,6 +75,7 @@ pub struct Application {
     broker: Broker,
     traffic: web::Data<Traffic>,
     shutdown_timeout: Duration,
+    upkeep: Maintained,
     background: Vec<JoinHandle<()>>,
 }
 
@@ -97,9 +100,9 @@ impl Application {
 
         let signals = WorkSignals::default();
         let broker = broker(pool, args, signals.clone())?;
-        let mut background = maintain(&broker, args);
-        background.push(tokio::spawn(fairway_broker::listener::listen_for_work(database, signals)));
-        background.push(authenticator.clone().spawn());
+        let upkeep = maintain(&broker, &database, args, Some(authenticator.clone()));
+        let mut background =
+            vec![tokio::spawn(fairway_broker::listener::listen_for_work(database, signals))];
         background.push(tokio::spawn(watch_database(broker.clone())));
 
         let port = listener
@@ -144,7 +147,7 @@ impl Application {
             .map_err(|source| StartupError::Bind { address: args.bind.to_string(), source })?
             .run();
         let shutdown_timeout = args.shutdown_timeout;
-        Ok(Self { server, port, broker, traffic, shutdown_timeout, background })
+        Ok(Self { server, port, broker, traffic, shutdown_timeout, upkeep, background })
     }
 
     pub fn port(&self) -> u16 {
@@ -161,9 +164,10 @@ impl Application {
     }
 
     /// Serves until the server is stopped, by its handle or by SIGTERM or SIGINT, then stops
-    /// background tasks. A signal drains the broker first (see `stop_gracefully`).
+    /// the upkeeps, each after the pass it is in, and the other background tasks. A signal
+    /// drains the broker first (see `stop_gracefully`).
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        let Self { server, broker, traffic, shutdown_timeout, background, .. } = self;
+        let Self { server, broker, traffic, shutdown_timeout, upkeep, background, .. } = self;
         let handle = server.handle();
         let mut serving = tokio::spawn(server);
         let served = tokio::select! {
@@ -175,6 +179,7 @@ impl Application {
                 serving.await
             }
         };
+        upkeep.stop().await;
         for task in background {
             task.abort();
         }
@@ -272,26 +277,58 @@ pub fn broker(pool: Pool, args: &ServeArgs, signals: WorkSignals) -> Result<Brok
     Ok(Broker::new(pool, settings, signals, Arc::new(metrics)))
 }
 
-/// The broker's upkeep, as `serve` runs it beside the HTTP server: each duty on a task of its
-/// own, the vacuum unless `--vacuum-interval` is zero, and the pruner unless `--retention` is
-/// zero.
-pub fn maintain(broker: &Broker, args: &ServeArgs) -> Vec<JoinHandle<()>> {
-    let mut tasks = vec![
-        AskFlusher::new(broker).spawn(),
-        Reaper::new(broker, args.reap_interval).spawn(),
-        Resharder::new(broker, args.reap_interval).spawn(),
-        StrategyRunningFolder::new(broker, args.reap_interval).spawn(),
-        QueueWaitReader::new(broker).spawn(),
-        Promoter::new(broker, args.retry.promote_interval).spawn(),
-    ];
+/// The broker's upkeep, as `serve` runs it beside the HTTP server: what each broker does for
+/// itself (the asks for work it saw, its queue waits, its token cache) on every broker, and the
+/// upkeeps that work on the whole database on the maintenance leader only: the reaper, the
+/// resharder, the strategies' fold, the promoter, the vacuum unless `--vacuum-interval` is
+/// zero, and the pruner unless `--retention` is zero.
+pub fn maintain(
+    broker: &Broker,
+    database: &Database,
+    args: &ServeArgs,
+    authenticator: Option<Authenticator>,
+) -> Maintained {
+    let metrics = broker.metrics().clone();
+    let maintenance = broker.maintenance();
+    let mut own = Upkeeps::new(metrics.clone())
+        .with(AskFlusher::new(maintenance))
+        .with(QueueWaitReader::new(maintenance));
+    if let Some(authenticator) = authenticator {
+        own = own.with(authenticator);
+    }
+    let mut shared = Upkeeps::new(metrics.clone())
+        .with(Reaper::new(maintenance, args.reap_interval))
+        .with(Resharder::new(broker.tenancy(), args.reap_interval))
+        .with(StrategyRunningFolder::new(maintenance, args.reap_interval))
+        .with(Promoter::new(maintenance, args.retry.promote_interval));
     if !args.vacuum.vacuum_interval.is_zero() {
-        tasks.push(Vacuum::new(broker, args.vacuum.vacuum_interval).spawn());
+        shared = shared.with(Vacuum::new(maintenance, args.vacuum.vacuum_interval));
     }
     if !args.prune.retention.is_zero() {
         let PruneArgs { retention, prune_interval } = args.prune;
-        tasks.push(Pruner::new(broker, retention, prune_interval).spawn());
+        shared = shared.with(Pruner::new(maintenance, retention, prune_interval));
     }
-    tasks
+    let (stop_leading, stopped) = watch::channel(false);
+    let leader = MaintenanceLeader::new(database.clone(), shared, metrics).spawn(stopped);
+    Maintained { own: own.start(), stop_leading, leader }
+}
+
+/// The upkeeps [`maintain`] started.
+pub struct Maintained {
+    own: Running,
+    stop_leading: watch::Sender<bool>,
+    leader: JoinHandle<()>,
+}
+
+impl Maintained {
+    /// Stops every upkeep after the pass it is in, and gives up the leadership if held.
+    pub async fn stop(self) {
+        self.stop_leading.send_replace(true);
+        if let Err(error) = self.leader.await {
+            tracing::warn!(%error, "the maintenance leader's task ended abnormally");
+        }
+        self.own.stop().await;
+    }
 }
 
 /// How often the broker looks at which database server its pool reaches.

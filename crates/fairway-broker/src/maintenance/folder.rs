@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use super::{Maintenance, Upkeep};
-use crate::{counters, Broker, BrokerError};
+use crate::counters;
+use crate::error::BrokerError;
 
 /// Folds the log every --reap-interval.
 pub struct StrategyRunningFolder {
@@ -14,12 +15,13 @@ pub struct StrategyRunningFolder {
 }
 
 impl StrategyRunningFolder {
-    pub fn new(broker: &Broker, interval: Duration) -> Self {
-        Self { maintenance: broker.maintenance().clone(), interval }
+    pub fn new(maintenance: &Maintenance, interval: Duration) -> Self {
+        Self { maintenance: maintenance.clone(), interval }
     }
 }
 
 impl Upkeep for StrategyRunningFolder {
+    const NAME: &'static str = "strategy_running_fold";
     const WHAT: &'static str = "strategy running-count pass";
 
     fn interval(&self) -> Duration {

@@ -2,10 +2,11 @@
 //! the strategies' usage and the consistency recount.
 
 use super::statements::{ListUserShares, ListUserWork, StrategyUsageOf};
+use super::Maintenance;
 use crate::core::snapshot;
 use crate::counters;
 use crate::db::sql;
-use crate::{BrokerError, Maintenance};
+use crate::error::BrokerError;
 use fairway_api::model::{Mismatch, StrategyUsage, UserShare, UserWorkCursor, UserWorkRow};
 
 impl Maintenance {

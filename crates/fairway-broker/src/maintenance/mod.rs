@@ -6,6 +6,7 @@
 
 mod folder;
 mod inspection;
+mod leader;
 mod observe;
 mod promoter;
 mod pruner;
@@ -18,12 +19,18 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus::IntCounter;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 
+use crate::claims::Claims;
 use crate::core::Core;
-use crate::{BrokerError, Claims, Endings};
+use crate::endings::Endings;
+use crate::error::BrokerError;
+use crate::metrics::Metrics;
 pub use folder::StrategyRunningFolder;
+pub use leader::MaintenanceLeader;
 pub use observe::{AskFlusher, QueueWaitReader};
 pub use promoter::Promoter;
 pub use pruner::{PruneBatch, PrunedJob, Pruner};
@@ -46,29 +53,90 @@ impl Maintenance {
 }
 
 /// A background duty on a fixed cadence: one pass ([`Upkeep::run_once`], which tests call
-/// directly) and how often it runs. Several brokers may run each at once; every pass is safe
-/// beside another broker's.
+/// directly) and how often it runs. Every pass is safe beside another broker's, so a leader
+/// that lost its lock while finishing a pass does no harm.
 pub trait Upkeep: Send + Sync + Sized + 'static {
+    /// Its name in `fairway_upkeep_passes_total`.
+    const NAME: &'static str;
     /// What the log names when a pass fails.
     const WHAT: &'static str;
 
     fn interval(&self) -> Duration;
 
     fn run_once(&self) -> impl Future<Output = Result<(), BrokerError>> + Send;
+}
 
-    /// Runs a pass every interval on a task of its own, for ever. A failed pass is logged and
-    /// the next one runs on time; a slow one delays the next rather than bunching them up.
-    fn spawn(self) -> JoinHandle<()> {
-        tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(self.interval());
-            ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-            loop {
-                ticker.tick().await;
-                if let Err(error) = self.run_once().await {
-                    tracing::warn!(%error, "{} failed", Self::WHAT);
-                }
+/// Starts one upkeep's passes on a task of its own, given the signal that stops them.
+type Starter = Box<dyn Fn(watch::Receiver<bool>) -> JoinHandle<()> + Send + Sync>;
+
+/// Upkeeps that start together and stop together: those every broker runs for itself, or those
+/// only the maintenance leader runs ([`MaintenanceLeader`]), which may start and stop them many
+/// times as leadership comes and goes.
+pub struct Upkeeps {
+    metrics: Arc<Metrics>,
+    starters: Vec<Starter>,
+}
+
+impl Upkeeps {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self { metrics, starters: Vec::new() }
+    }
+
+    pub fn with<U: Upkeep>(mut self, upkeep: U) -> Self {
+        let upkeep = Arc::new(upkeep);
+        let passes = self.metrics.upkeep_passes(U::NAME);
+        self.starters.push(Box::new(move |stop| {
+            tokio::spawn(run_passes(upkeep.clone(), passes.clone(), stop))
+        }));
+        self
+    }
+
+    /// Starts every upkeep; [`Running::stop`] stops them.
+    pub fn start(&self) -> Running {
+        let (stop, stopped) = watch::channel(false);
+        let tasks = self.starters.iter().map(|start| start(stopped.clone())).collect();
+        Running { stop, tasks }
+    }
+}
+
+/// Upkeeps started together.
+pub struct Running {
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Lets each upkeep finish the pass it is in, starts no other, and waits for them all.
+    pub async fn stop(self) {
+        self.stop.send_replace(true);
+        for task in self.tasks {
+            if let Err(error) = task.await {
+                tracing::warn!(%error, "an upkeep's task ended abnormally");
             }
-        })
+        }
+    }
+}
+
+/// Runs a pass every interval until `stop` turns true. A failed pass is logged and the next
+/// one runs on time; a slow one delays the next rather than bunching them up. A pass under way
+/// is never cut off: it may hold a transaction, and ends it.
+async fn run_passes<U: Upkeep>(
+    upkeep: Arc<U>,
+    passes: IntCounter,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut ticker = tokio::time::interval(upkeep.interval());
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|stopped| *stopped) => return,
+            _ = ticker.tick() => {}
+        }
+        if let Err(error) = upkeep.run_once().await {
+            tracing::warn!(%error, "{} failed", U::WHAT);
+        }
+        passes.inc();
     }
 }
 
@@ -84,6 +152,7 @@ mod tests {
     }
 
     impl Upkeep for FailsFirst {
+        const NAME: &'static str = "fails_first";
         const WHAT: &'static str = "a pass that fails first";
 
         fn interval(&self) -> Duration {
@@ -98,13 +167,51 @@ mod tests {
         }
     }
 
+    fn metrics() -> Arc<Metrics> {
+        Arc::new(Metrics::new(Duration::from_secs(1), false).expect("metrics"))
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_failed_pass_does_not_stop_the_passes_that_follow_on_time() {
         let passes = Arc::new(AtomicUsize::new(0));
-        let task = FailsFirst { passes: passes.clone() }.spawn();
+        let metrics = metrics();
+        let running =
+            Upkeeps::new(metrics.clone()).with(FailsFirst { passes: passes.clone() }).start();
         // The clock is paused: it jumps to each tick. Passes at 0 s, 10 s and 20 s.
         tokio::time::sleep(Duration::from_secs(25)).await;
+        running.stop().await;
         assert_eq!(passes.load(Ordering::SeqCst), 3);
-        task.abort();
+        assert_eq!(metrics.upkeep_passes("fails_first").get(), 3);
+    }
+
+    /// A duty whose pass takes a while.
+    struct Slow {
+        finished: Arc<AtomicUsize>,
+    }
+
+    impl Upkeep for Slow {
+        const NAME: &'static str = "slow";
+        const WHAT: &'static str = "a slow pass";
+
+        fn interval(&self) -> Duration {
+            Duration::from_secs(10)
+        }
+
+        async fn run_once(&self) -> Result<(), BrokerError> {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            self.finished.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stopping_lets_the_pass_under_way_finish_and_starts_no_other() {
+        let finished = Arc::new(AtomicUsize::new(0));
+        let running = Upkeeps::new(metrics()).with(Slow { finished: finished.clone() }).start();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        running.stop().await;
+        assert_eq!(finished.load(Ordering::SeqCst), 1, "the first pass ran to its end");
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(finished.load(Ordering::SeqCst), 1, "no pass started after the stop");
     }
 }

@@ -8,8 +8,8 @@ use super::statements::{ItemCreationTimes, RefreshMetrics};
 use super::{Maintenance, Upkeep};
 use crate::claims::asks;
 use crate::db::sql;
+use crate::error::BrokerError;
 use crate::metrics::PoolConnections;
-use crate::{Broker, BrokerError};
 use fairway_api::summary::ServiceSummary;
 
 /// How often the asks for work this broker saw are written for every broker to read.
@@ -24,12 +24,13 @@ pub struct AskFlusher {
 }
 
 impl AskFlusher {
-    pub fn new(broker: &Broker) -> Self {
-        Self { maintenance: broker.maintenance().clone() }
+    pub fn new(maintenance: &Maintenance) -> Self {
+        Self { maintenance: maintenance.clone() }
     }
 }
 
 impl Upkeep for AskFlusher {
+    const NAME: &'static str = "ask_flush";
     const WHAT: &'static str = "writing when workers last asked";
 
     fn interval(&self) -> Duration {
@@ -48,12 +49,13 @@ pub struct QueueWaitReader {
 }
 
 impl QueueWaitReader {
-    pub fn new(broker: &Broker) -> Self {
-        Self { maintenance: broker.maintenance().clone() }
+    pub fn new(maintenance: &Maintenance) -> Self {
+        Self { maintenance: maintenance.clone() }
     }
 }
 
 impl Upkeep for QueueWaitReader {
+    const NAME: &'static str = "queue_wait_read";
     const WHAT: &'static str = "reading claimed items' queue waits";
 
     fn interval(&self) -> Duration {

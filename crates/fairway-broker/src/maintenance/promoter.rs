@@ -1,5 +1,5 @@
 //! The promoter: scheduled items whose not_before has passed become ready, in batches, one
-//! broker at a time (`functions/promote_scheduled_items.sql`), as River's scheduler moves its
+//! broker at a time (`sql/maintenance/promote_scheduled_items.sql`), as River's scheduler moves its
 //! scheduled jobs to available.
 
 use std::time::Duration;
@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::statements::PromoteScheduledItems;
 use super::{Maintenance, Upkeep};
 use crate::db::sql;
-use crate::{Broker, BrokerError};
+use crate::error::BrokerError;
 
 /// The advisory lock a promoting transaction holds, so that brokers promote one at a time.
 const PROMOTER_LOCK: i64 = 0x6661_6972_7072_6f6d;
@@ -27,12 +27,13 @@ pub struct Promoter {
 }
 
 impl Promoter {
-    pub fn new(broker: &Broker, interval: Duration) -> Self {
-        Self { maintenance: broker.maintenance().clone(), interval }
+    pub fn new(maintenance: &Maintenance, interval: Duration) -> Self {
+        Self { maintenance: maintenance.clone(), interval }
     }
 }
 
 impl Upkeep for Promoter {
+    const NAME: &'static str = "promoter";
     const WHAT: &'static str = "promoting scheduled items";
 
     fn interval(&self) -> Duration {

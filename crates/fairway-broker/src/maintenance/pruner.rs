@@ -10,7 +10,7 @@ use super::statements::{
 };
 use super::{Maintenance, Upkeep};
 use crate::db::sql;
-use crate::{Broker, BrokerError};
+use crate::error::BrokerError;
 use fairway_api::model::{JobId, JobStatus};
 
 /// The advisory lock a pruning transaction holds, so that brokers prune one at a time.
@@ -32,12 +32,13 @@ pub struct Pruner {
 }
 
 impl Pruner {
-    pub fn new(broker: &Broker, retention: Duration, interval: Duration) -> Self {
-        Self { maintenance: broker.maintenance().clone(), retention, interval }
+    pub fn new(maintenance: &Maintenance, retention: Duration, interval: Duration) -> Self {
+        Self { maintenance: maintenance.clone(), retention, interval }
     }
 }
 
 impl Upkeep for Pruner {
+    const NAME: &'static str = "pruner";
     const WHAT: &'static str = "pruning finished jobs";
 
     fn interval(&self) -> Duration {

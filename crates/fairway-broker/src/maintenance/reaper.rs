@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{Maintenance, Upkeep};
-use crate::{Broker, BrokerError};
+use crate::error::BrokerError;
 
 /// Expired leases examined per reaper transaction.
 const REAP_BATCH: i64 = 500;
@@ -20,12 +20,13 @@ pub struct Reaper {
 }
 
 impl Reaper {
-    pub fn new(broker: &Broker, interval: Duration) -> Self {
-        Self { maintenance: broker.maintenance().clone(), interval }
+    pub fn new(maintenance: &Maintenance, interval: Duration) -> Self {
+        Self { maintenance: maintenance.clone(), interval }
     }
 }
 
 impl Upkeep for Reaper {
+    const NAME: &'static str = "reaper";
     const WHAT: &'static str = "lease reaper pass";
 
     fn interval(&self) -> Duration {

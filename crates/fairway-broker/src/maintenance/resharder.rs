@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use super::Upkeep;
-use crate::{Broker, BrokerError, Tenancy};
+use crate::error::BrokerError;
+use crate::tenancy::Tenancy;
 
 /// Recomputes membership and shards every --reap-interval.
 pub struct Resharder {
@@ -13,12 +14,13 @@ pub struct Resharder {
 }
 
 impl Resharder {
-    pub fn new(broker: &Broker, interval: Duration) -> Self {
-        Self { tenancy: broker.tenancy().clone(), interval }
+    pub fn new(tenancy: &Tenancy, interval: Duration) -> Self {
+        Self { tenancy: tenancy.clone(), interval }
     }
 }
 
 impl Upkeep for Resharder {
+    const NAME: &'static str = "resharder";
     const WHAT: &'static str = "querier membership and tenant queue pass";
 
     fn interval(&self) -> Duration {

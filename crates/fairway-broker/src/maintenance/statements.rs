@@ -1,5 +1,5 @@
 //! Every statement of the maintenance duty, one per `.sql` file beside it, or a call of a
-//! server function of `functions/`: the promoter, the pruner, the vacuum, the metrics
+//! server function of `sql/maintenance/`: the promoter, the pruner, the vacuum, the metrics
 //! snapshot and what operators read of the fair order.
 
 use chrono::{DateTime, Utc};
@@ -30,6 +30,13 @@ row! {
 statement! {
     /// Takes the pruner's lock for the transaction, if no other transaction holds it.
     LockPruner = "lock_pruner" -> Locked {
+        lock: i64,
+    }
+}
+
+statement! {
+    /// The maintenance leader's lock, held by its session.
+    TryMaintenanceLeadership = "try_maintenance_leadership" -> Locked {
         lock: i64,
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::statements::VacuumFairOrder;
 use super::{Maintenance, Upkeep};
 use crate::db::sql::Statement;
-use crate::{Broker, BrokerError};
+use crate::error::BrokerError;
 
 /// Vacuums the fair order's tables every --vacuum-interval.
 pub struct Vacuum {
@@ -16,12 +16,13 @@ pub struct Vacuum {
 }
 
 impl Vacuum {
-    pub fn new(broker: &Broker, interval: Duration) -> Self {
-        Self { maintenance: broker.maintenance().clone(), interval }
+    pub fn new(maintenance: &Maintenance, interval: Duration) -> Self {
+        Self { maintenance: maintenance.clone(), interval }
     }
 }
 
 impl Upkeep for Vacuum {
+    const NAME: &'static str = "vacuum";
     const WHAT: &'static str = "vacuum of the fair order's tables";
 
     fn interval(&self) -> Duration {
