@@ -247,6 +247,43 @@ fn every_folder_of_sql_is_a_duty_and_every_file_a_function_the_broker_installs()
     assert_eq!(on_disk, installed, "the broker installs exactly the files of sql/");
 }
 
+/// The calls between the duties' server functions run one way: a duty whose SQL calls another
+/// duty's function is never called back by it, directly or through a third.
+#[test]
+fn the_server_functions_of_the_duties_call_each_other_one_way() {
+    let files = fairway_broker::db::functions::FILES;
+    let mut calls: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for caller in files {
+        for callee in files.iter().filter(|callee| callee.duty != caller.duty) {
+            if calls_function(caller.text, callee.name) {
+                calls.entry(caller.duty).or_default().insert(callee.duty);
+            }
+        }
+    }
+    // Depth first from each duty: reaching the duty again is a cycle.
+    for start in calls.keys() {
+        let mut stack: Vec<Vec<&str>> = vec![vec![start]];
+        while let Some(path) = stack.pop() {
+            let last = path[path.len() - 1];
+            for next in calls.get(last).into_iter().flatten() {
+                assert!(next != start, "the duties' SQL calls in a circle: {path:?} -> {next}");
+                if !path.contains(next) {
+                    stack.push([path.clone(), vec![next]].concat());
+                }
+            }
+        }
+    }
+}
+
+/// Whether `text` calls the function `name`: its name, not part of a longer one, then `(`.
+fn calls_function(text: &str, name: &str) -> bool {
+    text.match_indices(name).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = &text[at + name.len()..];
+        !before.is_some_and(|c| c.is_alphanumeric() || c == '_') && after.starts_with('(')
+    })
+}
+
 /// The other way: no duty keeps database code of its own, and migrations hold schema only.
 #[test]
 fn server_functions_live_only_in_sql() {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{oneshot, Semaphore};
 
-use super::BrokerError;
+use crate::error::BrokerError;
 
 /// Which request of a batch of `len` a row of the batch's statement answers, from the 1-based
 /// index the row gives. A row that names no request of the batch means the batch is lost.

@@ -11,7 +11,7 @@ use std::time::Duration;
 use deadpool_postgres::{GenericClient, Pool};
 use tokio::sync::Notify;
 
-use super::BrokerError;
+use crate::error::BrokerError;
 
 /// Where in a transaction a fault may strike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -12,12 +12,10 @@ use tokio_postgres::types::{FromSql, Json, Type};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::claims::statements::ClaimedRow;
 use crate::db::sql::{row, FromRow};
-use crate::error::BrokerError;
 use fairway_api::model::{
     progress, ItemStatus, JobDocument, JobId, JobStatus, Mismatch, StepDocument, StrategyUsage,
-    UserShare, UserWorkRow, WorkItem, WorkItemId,
+    UserShare, UserWorkRow, WorkItemId,
 };
 use fairway_api::pages::ItemDocument;
 use fairway_api::retry::{Backoff, RetryPolicy};
@@ -47,33 +45,6 @@ macro_rules! stored_status {
 
 stored_status!(JobStatus, "job status");
 stored_status!(ItemStatus, "work item status");
-
-/// A claimed item (`sql/claims/claim_items.sql`) of `service`, which the row does not repeat;
-/// None for a row that reports on a request without an item. An item's row missing a column means
-/// the function and this build disagree: the batch is lost rather than an item dropped unseen.
-pub fn work_item(row: ClaimedRow, service: &str) -> Result<Option<WorkItem>, BrokerError> {
-    let Some(id) = row.id else {
-        return Ok(None);
-    };
-    let item = (|| {
-        Some(WorkItem {
-            id: WorkItemId(id),
-            job_id: JobId(row.job_id?),
-            service: service.to_owned(),
-            step: row.step_index?,
-            user: row.username?,
-            tenant: row.tenant?,
-            actor: row.actor?,
-            component: row.component?,
-            payload: row.payload?.0,
-            inputs: row.inputs?.0,
-            attempt: row.attempt?,
-            lease_expires_at: row.lease_expires_at?,
-            traceparent: row.traceparent,
-        })
-    })();
-    item.map(Some).ok_or(BrokerError::BatchLost)
-}
 
 row! {
     /// A job as `jobs/get_job.sql` and the listings read it, without its steps.

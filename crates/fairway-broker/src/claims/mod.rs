@@ -20,7 +20,7 @@ use crate::endings::Endings;
 use crate::error::BrokerError;
 use crate::metrics::{ClaimOutcome, ClaimedItem};
 use crate::tenancy::Tenancy;
-use crate::{rows, traces};
+use crate::traces;
 use asks::ServiceAsks;
 use fairway_api::model::{ClaimRequest, ServiceName, WorkItem};
 use fairway_api::strategy::{ends_in_fair, has_hard_cap};
@@ -275,7 +275,7 @@ impl Claims {
             states[request] = row.querier_state.clone();
             let passed = row.passed_over == Some(true);
             limits[request] = Limit::from_row(row.limited.as_deref(), row.retry_ms);
-            match rows::work_item(row, services[request])? {
+            match row.into_work_item(services[request])? {
                 Some(item) => {
                     self.endings.note_owner(item.id, &item.user);
                     items[request].push(item);

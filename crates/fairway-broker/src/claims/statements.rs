@@ -8,6 +8,8 @@ use tokio_postgres::types::Json;
 use uuid::Uuid;
 
 use crate::db::sql::{row, statement};
+use crate::error::BrokerError;
+use fairway_api::model::{JobId, WorkItem, WorkItemId};
 
 statement! {
     /// Claims for a batch of workers in one transaction (`sql/claims/claim_items.sql`):
@@ -107,5 +109,35 @@ row! {
     ServiceAsked {
         service: String,
         last_asked: DateTime<Utc>,
+    }
+}
+
+impl ClaimedRow {
+    /// The claimed item, of `service`, which the row does not repeat; None for a row that
+    /// reports on a request without an item. An item's row missing a column means the function
+    /// and this build disagree: the batch is lost rather than an item dropped unseen.
+    pub fn into_work_item(self, service: &str) -> Result<Option<WorkItem>, BrokerError> {
+        let row = self;
+        let Some(id) = row.id else {
+            return Ok(None);
+        };
+        let item = (|| {
+            Some(WorkItem {
+                id: WorkItemId(id),
+                job_id: JobId(row.job_id?),
+                service: service.to_owned(),
+                step: row.step_index?,
+                user: row.username?,
+                tenant: row.tenant?,
+                actor: row.actor?,
+                component: row.component?,
+                payload: row.payload?.0,
+                inputs: row.inputs?.0,
+                attempt: row.attempt?,
+                lease_expires_at: row.lease_expires_at?,
+                traceparent: row.traceparent,
+            })
+        })();
+        item.map(Some).ok_or(BrokerError::BatchLost)
     }
 }
