@@ -628,6 +628,36 @@ async fn serve_on_a_taken_port_says_so_before_touching_the_database() {
     assert!(first.contains("FAIRWAY_BIND") && first.contains("--bind"), "{first}");
 }
 
+/// Everything `fairway serve` prints as it refuses to start, given `env`.
+async fn refused_serve(env: &[(&str, &str)]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_fairway"))
+        .args(["serve", "--bind", "127.0.0.1:0"])
+        .env_remove("DATABASE_URL")
+        .envs(env.iter().copied())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(20), output)
+        .await
+        .expect("serve gives up at once")
+        .expect("run fairway serve");
+    assert!(!output.status.success());
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[tokio::test]
+async fn boolean_settings_read_1_yes_and_true_as_true() {
+    for truthy in ["1", "yes", "true", "on"] {
+        let said = refused_serve(&[("FAIRWAY_NO_EMBEDDED_POSTGRES", truthy)]).await;
+        assert!(said.contains("DATABASE_URL is required"), "{truthy}: {said}");
+    }
+    let said = refused_serve(&[("FAIRWAY_NO_EMBEDDED_POSTGRES", "maybe")]).await;
+    assert!(said.contains("FAIRWAY_NO_EMBEDDED_POSTGRES") || said.contains("maybe"), "{said}");
+}
+
 #[tokio::test]
 async fn admin_json_prints_the_apis_error_and_transport_errors_say_what_to_check() {
     let app = spawn_app().await;

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use clap::builder::BoolishValueParser;
 use clap::Args;
 
 /// Where the broker's database is.
@@ -24,7 +25,7 @@ pub struct DatabaseArgs {
 
     /// Never start a private PostgreSQL server: without a database URL, refuse to start. The
     /// container image sets it, since a cluster's broker must use the cluster's database.
-    #[arg(long, env = "FAIRWAY_NO_EMBEDDED_POSTGRES")]
+    #[arg(long, env = "FAIRWAY_NO_EMBEDDED_POSTGRES", value_parser = BoolishValueParser::new())]
     pub no_embedded_postgres: bool,
 }
 

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::builder::BoolishValueParser;
 use clap::Args;
 use fairway_api::positive_duration;
 use fairway_api::retry::{Backoff, RetryPolicy, LONGEST_DELAY, MAX_ATTEMPTS};
@@ -195,12 +196,12 @@ pub struct AuthArgs {
     /// Serve a non-loopback --bind with auth off (no FAIRWAY_ADMIN_TOKEN and no token in the
     /// database): anyone who reaches the port may do anything. Without it such a broker
     /// refuses to start; with it, it warns at every start.
-    #[arg(long, env = "FAIRWAY_INSECURE_NO_AUTH")]
+    #[arg(long, env = "FAIRWAY_INSECURE_NO_AUTH", value_parser = BoolishValueParser::new())]
     pub insecure_no_auth: bool,
 
     /// Answer /metrics only to an admin or reader token while auth is on (it is open by
     /// default, as /healthz and /readyz are).
-    #[arg(long, env = "FAIRWAY_METRICS_REQUIRE_TOKEN")]
+    #[arg(long, env = "FAIRWAY_METRICS_REQUIRE_TOKEN", value_parser = BoolishValueParser::new())]
     pub metrics_require_token: bool,
 
     /// How long a broker trusts a token it looked up: a revoked token is refused by every
@@ -273,7 +274,7 @@ pub struct MetricsArgs {
 
     /// Label the per-queue metrics with the tenant too. Off by default: each tenant multiplies
     /// the series Prometheus stores.
-    #[arg(long, env = "FAIRWAY_METRICS_TENANT_LABEL")]
+    #[arg(long, env = "FAIRWAY_METRICS_TENANT_LABEL", value_parser = BoolishValueParser::new())]
     pub metrics_tenant_label: bool,
 }
 
