@@ -13,8 +13,8 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::helpers::{
-    auth_args, fresh_database, spawn_app, spawn_app_with, spawn_app_with_auth, spawn_broker,
-    TestApp, ADMIN_TOKEN,
+    auth_args, connect, empty_database, fresh_database, spawn_app, spawn_app_with,
+    spawn_app_with_auth, spawn_broker, TestApp, ADMIN_TOKEN,
 };
 
 /// Who a request comes from.
@@ -565,6 +565,37 @@ async fn a_non_loopback_bind_needs_auth_or_insecure_no_auth() {
     let weak = AuthArgs { admin_token: Some("hunter2".to_owned()), ..AuthArgs::default() };
     let refused = Application::build(&wide(weak), fresh_database().await).await;
     assert!(matches!(refused, Err(StartupError::AdminToken(_))), "{:?}", refused.err());
+}
+
+#[tokio::test]
+async fn a_refused_start_leaves_an_empty_database_empty() {
+    let wide = |auth: AuthArgs| ServeArgs {
+        bind: "0.0.0.0:0".parse().expect("address"),
+        auth,
+        ..ServeArgs::for_tests()
+    };
+    let weak = AuthArgs { admin_token: Some("hunter2".to_owned()), ..AuthArgs::default() };
+    for auth in [AuthArgs::default(), weak] {
+        let database = empty_database().await;
+        let refused = Application::build(&wide(auth), database.clone()).await;
+        assert!(refused.is_err(), "the start is refused");
+        let relations: i64 = connect(&database)
+            .await
+            .query_one(
+                "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                  WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')",
+                &[],
+            )
+            .await
+            .expect("count")
+            .get(0);
+        assert_eq!(relations, 0, "{:?} left the database changed", refused.err());
+    }
+
+    // A token the database holds turns auth on: read before the migrations, it lets the start go.
+    let app = spawn_app().await;
+    make_token_document(&app, json!({ "role": "admin" })).await;
+    assert!(Application::build(&wide(AuthArgs::default()), app.config.clone()).await.is_ok());
 }
 
 #[tokio::test]

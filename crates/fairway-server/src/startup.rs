@@ -92,9 +92,11 @@ impl Application {
         args: &ServeArgs,
         database: Database,
     ) -> Result<Self, StartupError> {
-        // The certificate first: a bad path is reported before anything touches the database.
+        // The certificate first: a bad path is reported before anything reaches the database.
         let certificate = ServerCertificate::load(&args.tls)?;
         let pool = db::pool::connect(&database, args.pool.pool_size)?;
+        // Every reason to refuse the start is found before the migrations change anything.
+        check_auth(&pool, args).await?;
         db::migrations::run(&pool).await?;
         let authenticator = authenticate(&pool, args).await?;
 
@@ -187,32 +189,50 @@ impl Application {
     }
 }
 
-/// Stores FAIRWAY_ADMIN_TOKEN's hash, finds out whether auth is on, and refuses to serve a
-/// non-loopback address without it unless told to (then warns, at every start).
-async fn authenticate(pool: &Pool, args: &ServeArgs) -> Result<Authenticator, StartupError> {
-    let admin_token = args.auth.admin_token.as_deref().filter(|token| !token.is_empty());
+/// Refuses to serve a non-loopback address without auth unless told to (then warns, at every
+/// start), before anything changes the database: auth is on with FAIRWAY_ADMIN_TOKEN, or with a
+/// token the database already holds, which is only read. Checks the admin token too.
+async fn check_auth(pool: &Pool, args: &ServeArgs) -> Result<(), StartupError> {
+    let admin_token = admin_token(args);
     if let Some(token) = admin_token {
         auth::check_admin_token(token).map_err(StartupError::AdminToken)?;
     }
-    let authenticator =
-        Authenticator::start(pool.clone(), args.auth.auth_cache_ttl, admin_token).await?;
     let address = args.bind.to_string();
+    if admin_token.is_some() {
+        return Ok(());
+    }
+    let stored = auth::tokens_stored(pool).await?;
+    if stored || args.bind.ip().is_loopback() {
+        return Ok(());
+    }
+    if !args.auth.insecure_no_auth {
+        return Err(StartupError::NoAuth { address });
+    }
+    tracing::warn!(
+        address,
+        "auth is off on a non-loopback address (--insecure-no-auth): anyone who reaches the \
+         port may submit, claim, read every job and change tenant limits"
+    );
+    Ok(())
+}
+
+/// FAIRWAY_ADMIN_TOKEN, unless unset or empty.
+fn admin_token(args: &ServeArgs) -> Option<&str> {
+    args.auth.admin_token.as_deref().filter(|token| !token.is_empty())
+}
+
+/// Stores FAIRWAY_ADMIN_TOKEN's hash and starts the token cache, once the schema is in place.
+async fn authenticate(pool: &Pool, args: &ServeArgs) -> Result<Authenticator, StartupError> {
+    let authenticator =
+        Authenticator::start(pool.clone(), args.auth.auth_cache_ttl, admin_token(args)).await?;
     if authenticator.is_on() {
         tracing::info!("auth is on: every request but the probes needs a bearer token");
     } else if args.bind.ip().is_loopback() {
         tracing::info!(
-            address,
+            address = args.bind.to_string(),
             "auth is off (no FAIRWAY_ADMIN_TOKEN and no token in the database): serving on \
              loopback only"
         );
-    } else if args.auth.insecure_no_auth {
-        tracing::warn!(
-            address,
-            "auth is off on a non-loopback address (--insecure-no-auth): anyone who reaches \
-             the port may submit, claim, read every job and change tenant limits"
-        );
-    } else {
-        return Err(StartupError::NoAuth { address });
     }
     Ok(authenticator)
 }

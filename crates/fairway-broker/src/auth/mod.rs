@@ -34,7 +34,8 @@ use crate::rows::TokenRow;
 use fairway_api::model::{ServiceName, TenantName};
 use fairway_api::tokens::{Role, TokenDocument};
 use statements::{
-    EnsureAdminToken, FindToken, InsertToken, ListTokens, RevokeToken, TokensExist, TouchToken,
+    EnsureAdminToken, FindToken, InsertToken, ListTokens, RevokeToken, TokensExist,
+    TokensTableExists, TouchToken,
 };
 
 /// What the token in front of every token's hex digits says: a fairway token.
@@ -448,6 +449,17 @@ async fn ensure_admin_token(pool: &Pool, token: &str) -> Result<(), BrokerError>
         tracing::info!(name, "stored the hash of FAIRWAY_ADMIN_TOKEN as an admin token");
     }
     Ok(())
+}
+
+/// Whether the database holds any token, and so has auth on, read without changing anything:
+/// for a broker that must know before its migrations run. A database the migrations have not
+/// reached holds none.
+pub async fn tokens_stored(pool: &Pool) -> Result<bool, BrokerError> {
+    let client = pool.get().await?;
+    if !sql::fetch_one(&client, &TokensTableExists {}).await?.exists {
+        return Ok(false);
+    }
+    Ok(sql::fetch_one(&client, &TokensExist {}).await?.exists)
 }
 
 /// Refuses a FAIRWAY_ADMIN_TOKEN too short to be a secret.

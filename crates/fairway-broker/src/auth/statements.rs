@@ -8,6 +8,10 @@ statement! {
     TokensExist = "tokens_exist" -> AnyToken {}
 }
 
+statement! {
+    TokensTableExists = "tokens_table_exists" -> AnyToken {}
+}
+
 row! {
     AnyToken {
         exists: bool,
