@@ -144,9 +144,13 @@ async fn a_heartbeat_extends_the_lease() {
     let response = app.report(&item, json!({ "status": "running", "attempt": 1 })).await;
     assert_eq!(response.status(), 200);
     let body: serde_json::Value = response.json().await.expect("JSON");
-    assert_eq!(body, json!({ "id": item["id"], "status": "running" }));
     let after = lease(&app.db.query_one(sql, &[]).await.expect("row"));
     assert!(after > before, "lease moved from {before} to {after}");
+    // The answer says when the lease now ends.
+    let answered: chrono::DateTime<chrono::Utc> =
+        body["lease_expires_at"].as_str().expect("a time").parse().expect("RFC 3339");
+    assert_eq!(answered, after);
+    assert_eq!((&body["id"], &body["status"]), (&item["id"], &json!("running")), "{body}");
     app.assert_consistent().await;
 }
 

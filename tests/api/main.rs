@@ -2,6 +2,7 @@
 
 mod auth;
 mod batches;
+mod brokers_away;
 mod cli;
 mod concurrency;
 mod contract;

@@ -47,7 +47,7 @@ fn connection_string(database: &Database) -> String {
 }
 
 /// A port nobody listens on now.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     listener.local_addr().expect("address").port()
 }
@@ -64,9 +64,19 @@ pub(crate) async fn broker_process_with(
     env: &[(&str, &str)],
 ) -> (Child, String) {
     let address = format!("127.0.0.1:{}", free_port());
+    broker_process_at(config, &address, stdout, env).await
+}
+
+/// As [`broker_process_with`], listening on `address`: a broker that comes back where it was.
+pub(crate) async fn broker_process_at(
+    config: &Database,
+    address: &str,
+    stdout: Stdio,
+    env: &[(&str, &str)],
+) -> (Child, String) {
     let child = Command::new(env!("CARGO_BIN_EXE_fairway"))
         .envs(env.iter().copied())
-        .args(["serve", "--bind", &address, "--log-format", "json"])
+        .args(["serve", "--bind", address, "--log-format", "json"])
         .arg("--shutdown-timeout")
         .arg(format!("{}s", SHUTDOWN_TIMEOUT.as_secs()))
         .env("DATABASE_URL", connection_string(config))

@@ -79,7 +79,7 @@ impl Refusal {
             ClientError::Api { status, .. } | ClientError::Unexpected { status, .. } => {
                 status.as_u16()
             }
-            ClientError::Transport(_) | ClientError::CaCert { .. } => 0,
+            ClientError::Transport(_) | ClientError::CaCert { .. } | ClientError::Url(_) => 0,
         };
         let (at_ms, message) = (now_ms(), error.to_string());
         Self { op: op.to_owned(), status, repeat, at_ms, sent_ms, message }

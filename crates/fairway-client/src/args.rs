@@ -11,7 +11,9 @@ use fairway_api::positive_duration;
 /// How the command-line tools reach a broker.
 #[derive(Debug, Clone, Args)]
 pub struct BrokerAddress {
-    /// The broker's base URL.
+    /// The broker's base URL, or several, comma-separated: a request goes to the next while
+    /// one refuses the connection or answers 503 (draining), and stays with the one that
+    /// answered.
     #[arg(long, env = "FAIRWAY_URL", default_value = "http://127.0.0.1:8080")]
     pub url: String,
 
@@ -331,9 +333,16 @@ pub struct WorkerArgs {
     #[arg(long, env = "FAIRWAY_WORKER_WAIT", default_value = "20s", value_parser = humantime::parse_duration)]
     pub wait: Duration,
 
-    /// How often a heartbeat extends the lease of an item whose command still runs.
+    /// How often a heartbeat extends the lease of an item whose command still runs, or whose
+    /// report waits for a broker.
     #[arg(long, env = "FAIRWAY_WORKER_HEARTBEAT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub heartbeat: Duration,
+
+    /// How long the worker goes on after SIGTERM or SIGINT, finishing the items it holds and
+    /// delivering their reports, before it exits naming the reports it could not deliver.
+    /// Keep it a little under the pod's termination grace period.
+    #[arg(long, env = "FAIRWAY_WORKER_STOP_TIMEOUT", default_value = "110s", value_parser = humantime::parse_duration)]
+    pub stop_timeout: Duration,
 
     /// The command run per item, with the item's JSON on standard input. Exit 0 with a JSON
     /// array on standard output: successful, those are the results. Otherwise: failed, with

@@ -6,6 +6,8 @@ pub mod args;
 pub mod cli;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
@@ -37,6 +39,11 @@ pub enum ClientError {
     /// The CA certificates to trust could not be read.
     #[error("cannot use --ca-cert {}: {reason}", path.display())]
     CaCert { path: PathBuf, reason: String },
+    /// A broker's address is not an http:// or https:// URL.
+    #[error(
+        "{0:?} is not an http:// or https:// URL of a broker, nor a comma-separated list of them"
+    )]
+    Url(String),
 }
 
 /// A transport error in words that say what to check: reqwest's own ("error sending request
@@ -90,7 +97,7 @@ impl ClientError {
         match self {
             Self::Api { status, .. } | Self::Unexpected { status, .. } => status.is_server_error(),
             Self::Transport(_) => !self.is_untrusted_certificate(),
-            Self::CaCert { .. } => false,
+            Self::CaCert { .. } | Self::Url(_) => false,
         }
     }
 
@@ -109,12 +116,54 @@ impl ClientError {
     }
 }
 
-/// A broker's address and the HTTP client that talks to it. Cheap to clone.
+/// The brokers' addresses and the HTTP client that talks to them. Cheap to clone: clones share
+/// which broker answered last.
 #[derive(Debug, Clone)]
 pub struct Client {
-    base: String,
+    brokers: Arc<Brokers>,
     token: Option<String>,
     http: reqwest::Client,
+}
+
+/// The brokers a client may send to, in the order given, and the one it sends to now: the
+/// last that answered. A request that finds its broker away (a refused connection, or a 503,
+/// which changes nothing) goes on to the next, so a client given several brokers keeps
+/// working while one of them stops, restarts or drains.
+#[derive(Debug)]
+struct Brokers {
+    bases: Vec<reqwest::Url>,
+    current: AtomicUsize,
+}
+
+impl Brokers {
+    /// Parses a comma-separated list of base URLs.
+    fn parse(list: &str) -> Result<Self, ClientError> {
+        let bases = list
+            .split(',')
+            .map(str::trim)
+            .filter(|base| !base.is_empty())
+            .map(|base| {
+                let url = reqwest::Url::parse(base.trim_end_matches('/'))
+                    .ok()
+                    .filter(|url| matches!(url.scheme(), "http" | "https") && url.has_host())
+                    .ok_or_else(|| ClientError::Url(base.to_owned()))?;
+                Ok(url)
+            })
+            .collect::<Result<Vec<_>, ClientError>>()?;
+        if bases.is_empty() {
+            return Err(ClientError::Url(list.to_owned()));
+        }
+        Ok(Self { bases, current: AtomicUsize::new(0) })
+    }
+
+    /// `url` moved to the broker at `index`, keeping its path and query.
+    fn at(&self, index: usize, url: &reqwest::Url) -> reqwest::Url {
+        let mut moved = self.bases[index].clone();
+        let base_path = moved.path().trim_end_matches('/').to_owned();
+        moved.set_path(&format!("{base_path}{}", url.path()));
+        moved.set_query(url.query());
+        moved
+    }
 }
 
 /// What a worker asks for.
@@ -207,6 +256,9 @@ pub struct RetriedJob {
 pub struct ReportAnswer {
     pub id: i64,
     pub status: ItemStatus,
+    /// After a heartbeat: when the lease now ends.
+    #[serde(default)]
+    pub lease_expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// The answer to a submission.
@@ -297,17 +349,17 @@ struct ErrorDetail {
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(75);
 
 impl Client {
-    /// A client of the broker at `base` (for example `http://127.0.0.1:8080`), sending `token`
-    /// as a bearer token when given. An `https://` broker's certificate must chain to one of
-    /// the system's trusted roots.
-    pub fn new(base: &str, token: Option<String>) -> Result<Self, ClientError> {
-        Self::trusting(base, token, None)
+    /// A client of the broker at `brokers` (for example `http://127.0.0.1:8080`), or of any of
+    /// several given as a comma-separated list, sending `token` as a bearer token when given.
+    /// An `https://` broker's certificate must chain to one of the system's trusted roots.
+    pub fn new(brokers: &str, token: Option<String>) -> Result<Self, ClientError> {
+        Self::trusting(brokers, token, None)
     }
 
     /// As [`Client::new`], trusting also the CA certificates in the PEM file `ca_cert`: a
     /// broker whose certificate a private CA signed.
     pub fn trusting(
-        base: &str,
+        brokers: &str,
         token: Option<String>,
         ca_cert: Option<&Path>,
     ) -> Result<Self, ClientError> {
@@ -322,25 +374,59 @@ impl Client {
             }
             builder = roots.into_iter().fold(builder, reqwest::ClientBuilder::add_root_certificate);
         }
-        Ok(Self { base: base.trim_end_matches('/').to_owned(), token, http: builder.build()? })
+        let brokers = Arc::new(Brokers::parse(brokers)?);
+        Ok(Self { brokers, token, http: builder.build()? })
     }
 
+    /// A request to the broker the client sends to now; [`Client::send`] moves it on.
     fn request(&self, method: Method, path: &str) -> RequestBuilder {
-        let request = self.http.request(method, format!("{}{path}", self.base));
+        let base = &self.brokers.bases[self.brokers.current.load(Ordering::Relaxed)];
+        let request =
+            self.http.request(method, format!("{}{path}", base.as_str().trim_end_matches('/')));
         match &self.token {
             Some(token) => request.bearer_auth(token),
             None => request,
         }
     }
 
+    /// Sends `request` to the broker the client sends to now, and on to the next while one
+    /// refuses the connection or answers 503 (a broker draining, or one that changed nothing);
+    /// the broker that answers is the one the next request goes to. Past the last broker, its
+    /// answer or error is the answer.
+    async fn send(&self, request: RequestBuilder) -> Result<Response, ClientError> {
+        let mut request = request.build()?;
+        let count = self.brokers.bases.len();
+        let first = self.brokers.current.load(Ordering::Relaxed);
+        let mut target = first;
+        for tried in 1..count {
+            // A body that cannot be sent twice (none of this client's) goes to one broker only.
+            let Some(mut attempt) = request.try_clone() else { break };
+            *attempt.url_mut() = self.brokers.at(target, attempt.url());
+            match self.http.execute(attempt).await {
+                Ok(answer) if answer.status() != StatusCode::SERVICE_UNAVAILABLE => {
+                    self.brokers.current.store(target, Ordering::Relaxed);
+                    return Ok(answer);
+                }
+                Ok(_) => {}
+                Err(error) if error.is_connect() && !is_untrusted_certificate(&error) => {}
+                Err(error) => return Err(error.into()),
+            }
+            target = (first + tried) % count;
+        }
+        *request.url_mut() = self.brokers.at(target, request.url());
+        let answer = self.http.execute(request).await?;
+        self.brokers.current.store(target, Ordering::Relaxed);
+        Ok(answer)
+    }
+
     /// Whether the broker is up and reaches its database.
     pub async fn ready(&self) -> Result<(), ClientError> {
-        decode::<Value>(self.request(Method::GET, "/readyz").send().await?).await.map(|_| ())
+        decode::<Value>(self.send(self.request(Method::GET, "/readyz")).await?).await.map(|_| ())
     }
 
     /// Submits a job, given as the JSON body `POST /jobs` takes.
     pub async fn submit(&self, job: &Value) -> Result<Submitted, ClientError> {
-        decode(self.request(Method::POST, "/jobs").json(job).send().await?).await
+        decode(self.send(self.request(Method::POST, "/jobs").json(job)).await?).await
     }
 
     /// Submits a job with an Idempotency-Key: sent again with the same key and job (a timeout
@@ -352,12 +438,12 @@ impl Client {
         key: &str,
     ) -> Result<Submitted, ClientError> {
         let request = self.request(Method::POST, "/jobs").header("Idempotency-Key", key);
-        decode(request.json(job).send().await?).await
+        decode(self.send(request.json(job)).await?).await
     }
 
     pub async fn job(&self, job_id: JobId) -> Result<JobDocument, ClientError> {
         let path = format!("/jobs/{}", job_id.0);
-        decode(self.request(Method::GET, &path).send().await?).await
+        decode(self.send(self.request(Method::GET, &path)).await?).await
     }
 
     /// The job once it has finished, or as it is after `wait` (at most 60 s) if it has not.
@@ -368,7 +454,7 @@ impl Client {
     ) -> Result<JobDocument, ClientError> {
         let path = format!("/jobs/{}", job_id.0);
         let query = [("wait", wait.as_secs().to_string())];
-        decode(self.request(Method::GET, &path).query(&query).send().await?).await
+        decode(self.send(self.request(Method::GET, &path).query(&query)).await?).await
     }
 
     /// Pauses, resumes or cancels a job, and returns it as it is now.
@@ -378,21 +464,21 @@ impl Client {
         action: JobAction,
     ) -> Result<JobDocument, ClientError> {
         let path = format!("/jobs/{}/{}", job_id.0, action.as_str());
-        decode(self.request(Method::POST, &path).send().await?).await
+        decode(self.send(self.request(Method::POST, &path)).await?).await
     }
 
     /// Puts every item of the job that failed for good back to ready, with a fresh retry
     /// budget; returns the job as it is now and how many items were retried.
     pub async fn retry(&self, job_id: JobId) -> Result<RetriedJob, ClientError> {
         let path = format!("/jobs/{}/retry", job_id.0);
-        decode(self.request(Method::POST, &path).send().await?).await
+        decode(self.send(self.request(Method::POST, &path)).await?).await
     }
 
     /// Applies `action` (pause, resume, cancel or retry) to every job `filter` matches; with
     /// `filter.dry_run`, only counts them.
     pub async fn bulk(&self, action: &str, filter: &JobFilter) -> Result<BulkAnswer, ClientError> {
         let path = format!("/admin/jobs/{action}");
-        decode(self.request(Method::POST, &path).json(filter).send().await?).await
+        decode(self.send(self.request(Method::POST, &path).json(filter)).await?).await
     }
 
     /// Claims work; an empty answer means none came within the wait.
@@ -409,7 +495,7 @@ impl Client {
             ("max", params.max.to_string()),
             ("wait", params.wait.as_secs().to_string()),
         ];
-        let response = self.request(Method::GET, "/work").query(&query).send().await?;
+        let response = self.send(self.request(Method::GET, "/work").query(&query)).await?;
         if response.status() == StatusCode::NO_CONTENT {
             let unknown_service = response.headers().contains_key(UNKNOWN_SERVICE);
             return Ok(Claimed { items: Vec::new(), unknown_service });
@@ -422,12 +508,12 @@ impl Client {
     /// work, and it leaves its tenants' shards once it holds no lease.
     pub async fn shut_down_querier(&self, querier: &str) -> Result<(), ClientError> {
         let path = format!("/queriers/{querier}/shutdown");
-        decode::<Value>(self.request(Method::POST, &path).send().await?).await.map(|_| ())
+        decode::<Value>(self.send(self.request(Method::POST, &path)).await?).await.map(|_| ())
     }
 
     pub async fn report(&self, item: i64, report: &Report) -> Result<ReportAnswer, ClientError> {
         let path = format!("/work/{item}/status");
-        decode(self.request(Method::POST, &path).json(report).send().await?).await
+        decode(self.send(self.request(Method::POST, &path).json(report)).await?).await
     }
 
     /// Rows of the user_work table, optionally of one service and one user.
@@ -440,31 +526,32 @@ impl Client {
         let mut query = vec![("limit", limit.to_string())];
         query.extend(service.map(|service| ("service", service.to_owned())));
         query.extend(user.map(|user| ("user", user.to_owned())));
-        let response = self.request(Method::GET, "/admin/user-work").query(&query).send().await?;
+        let response =
+            self.send(self.request(Method::GET, "/admin/user-work").query(&query)).await?;
         Ok(decode::<Rows<UserWorkRow>>(response).await?.rows)
     }
 
     /// Each service's queue, and this broker's claims per second and waiting workers.
     pub async fn services(&self) -> Result<Vec<ServiceSummary>, ClientError> {
-        let response = self.request(Method::GET, "/admin/services").send().await?;
+        let response = self.send(self.request(Method::GET, "/admin/services")).await?;
         Ok(decode::<Services>(response).await?.services)
     }
 
     /// The users with the most running items of `service`, with their ready items.
     pub async fn shares(&self, service: &str, limit: u32) -> Result<Vec<UserShare>, ClientError> {
         let query = [("service", service.to_owned()), ("limit", limit.to_string())];
-        let response = self.request(Method::GET, "/admin/shares").query(&query).send().await?;
+        let response = self.send(self.request(Method::GET, "/admin/shares").query(&query)).await?;
         Ok(decode::<Shares>(response).await?.users)
     }
 
     pub async fn tenants(&self) -> Result<Vec<TenantDocument>, ClientError> {
-        let response = self.request(Method::GET, "/admin/tenants").send().await?;
+        let response = self.send(self.request(Method::GET, "/admin/tenants")).await?;
         Ok(decode::<Tenants>(response).await?.tenants)
     }
 
     pub async fn tenant(&self, tenant: &str) -> Result<TenantDocument, ClientError> {
         let path = format!("/admin/tenants/{tenant}");
-        decode(self.request(Method::GET, &path).send().await?).await
+        decode(self.send(self.request(Method::GET, &path)).await?).await
     }
 
     /// Changes a tenant's limits and policy, creating it if needed: the values given; None
@@ -475,7 +562,7 @@ impl Client {
         change: &TenantChange,
     ) -> Result<TenantDocument, ClientError> {
         let path = format!("/admin/tenants/{tenant}");
-        decode(self.request(Method::PUT, &path).json(change).send().await?).await
+        decode(self.send(self.request(Method::PUT, &path).json(change)).await?).await
     }
 
     /// A service's cap, rate limit and running items.
@@ -484,7 +571,7 @@ impl Client {
         service: &str,
     ) -> Result<ServicePolicyDocument, ClientError> {
         let path = format!("/admin/services/{service}");
-        decode(self.request(Method::GET, &path).send().await?).await
+        decode(self.send(self.request(Method::GET, &path)).await?).await
     }
 
     /// Changes a service's cap and rate limit: the values given; None keeps a value.
@@ -494,13 +581,13 @@ impl Client {
         change: &PolicyChange,
     ) -> Result<ServicePolicyDocument, ClientError> {
         let path = format!("/admin/services/{service}");
-        decode(self.request(Method::PUT, &path).json(change).send().await?).await
+        decode(self.send(self.request(Method::PUT, &path).json(change)).await?).await
     }
 
     /// A user's weight, cap, rate limit and running items.
     pub async fn user_policy(&self, user: &str) -> Result<UserPolicyDocument, ClientError> {
         let path = format!("/admin/users/{user}");
-        decode(self.request(Method::GET, &path).send().await?).await
+        decode(self.send(self.request(Method::GET, &path)).await?).await
     }
 
     /// Changes a user's weight, cap and rate limit, for a user not yet seen too: the values
@@ -511,31 +598,31 @@ impl Client {
         change: &PolicyChange,
     ) -> Result<UserPolicyDocument, ClientError> {
         let path = format!("/admin/users/{user}");
-        decode(self.request(Method::PUT, &path).json(change).send().await?).await
+        decode(self.send(self.request(Method::PUT, &path).json(change)).await?).await
     }
 
     pub async fn queriers(&self) -> Result<Vec<QuerierDocument>, ClientError> {
-        let response = self.request(Method::GET, "/admin/queriers").send().await?;
+        let response = self.send(self.request(Method::GET, "/admin/queriers")).await?;
         Ok(decode::<Queriers>(response).await?.queriers)
     }
 
     pub async fn consistency(&self) -> Result<Consistency, ClientError> {
-        decode(self.request(Method::GET, "/admin/consistency").send().await?).await
+        decode(self.send(self.request(Method::GET, "/admin/consistency")).await?).await
     }
 
     /// Makes a token, as the body of `POST /admin/tokens` describes it.
     pub async fn create_token(&self, body: &Value) -> Result<CreatedToken, ClientError> {
-        decode(self.request(Method::POST, "/admin/tokens").json(body).send().await?).await
+        decode(self.send(self.request(Method::POST, "/admin/tokens").json(body)).await?).await
     }
 
     pub async fn tokens(&self) -> Result<Vec<TokenDocument>, ClientError> {
-        let response = self.request(Method::GET, "/admin/tokens").send().await?;
+        let response = self.send(self.request(Method::GET, "/admin/tokens")).await?;
         Ok(decode::<Tokens>(response).await?.tokens)
     }
 
     pub async fn revoke_token(&self, id: i64) -> Result<TokenDocument, ClientError> {
         let path = format!("/admin/tokens/{id}/revoke");
-        decode(self.request(Method::POST, &path).send().await?).await
+        decode(self.send(self.request(Method::POST, &path)).await?).await
     }
 }
 

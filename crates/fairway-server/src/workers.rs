@@ -4,6 +4,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use actix_web::{web, HttpResponse};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
@@ -205,6 +206,9 @@ const MAX_TEXT_CHARS: usize = 1000;
 pub struct StatusAnswer {
     id: WorkItemId,
     status: ItemStatus,
+    /// After a heartbeat (`running`): when the lease now ends.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease_expires_at: Option<DateTime<Utc>>,
 }
 
 /// A querier's state after its shutdown notice.
@@ -290,9 +294,20 @@ async fn post_status(
     let id = WorkItemId(path.into_inner());
     let attempt = body.attempt;
     let update = body.into_inner().validate()?;
-    let status =
-        broker.endings().update_status(id, attempt, update, principal.reporting_token()).await?;
-    Ok(HttpResponse::Ok().json(StatusAnswer { id, status }))
+    let token = principal.reporting_token();
+    let answer = match update {
+        StatusUpdate::Running => StatusAnswer {
+            id,
+            status: ItemStatus::Running,
+            lease_expires_at: Some(broker.endings().heartbeat(id, attempt, token).await?),
+        },
+        update => StatusAnswer {
+            id,
+            status: broker.endings().update_status(id, attempt, update, token).await?,
+            lease_expires_at: None,
+        },
+    };
+    Ok(HttpResponse::Ok().json(answer))
 }
 
 /// A querier going away: it gets no more work, and leaves its shards once its leases end. Once

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 use tokio::sync::Notify;
@@ -143,7 +144,10 @@ impl Endings {
         token: Option<i64>,
     ) -> Result<ItemStatus, BrokerError> {
         let ending = match update {
-            StatusUpdate::Running => return self.extend_lease(id, attempt, token).await,
+            StatusUpdate::Running => {
+                self.heartbeat(id, attempt, token).await?;
+                return Ok(ItemStatus::Running);
+            }
             StatusUpdate::Successful { results, component, warning } => {
                 results.iter().try_for_each(|result| reject_nul(result, "a result"))?;
                 if let Some(warning) = &warning {
@@ -232,20 +236,21 @@ impl Endings {
         }
     }
 
-    /// A heartbeat touches no counter, so it needs no user lock and no batch.
-    async fn extend_lease(
+    /// A heartbeat: extends the lease of the attempt, and answers when it now ends. It touches
+    /// no counter, so it needs no user lock and no batch.
+    pub async fn heartbeat(
         &self,
         id: WorkItemId,
         attempt: i32,
         token: Option<i64>,
-    ) -> Result<ItemStatus, BrokerError> {
+    ) -> Result<DateTime<Utc>, BrokerError> {
         let client = self.core.client().await?;
         let lease = self.core.lease_millis();
         let extend = ExtendLease { id: id.0, attempt, lease_millis: lease, token };
-        if sql::fetch_opt(&client, &extend).await?.is_none() {
-            return Err(why_not_applied(&client, id, attempt, token).await?);
+        match sql::fetch_opt(&client, &extend).await? {
+            Some(extended) => Ok(extended.lease_expires_at),
+            None => Err(why_not_applied(&client, id, attempt, token).await?),
         }
-        Ok(ItemStatus::Running)
     }
 
     /// Ends the attempts of a batch in one transaction.

@@ -1,6 +1,7 @@
 //! Every statement of the endings duty, one per `.sql` file beside it, or a call of a server
 //! function of `sql/endings/`: ending attempts, leases, workflow growth and retries.
 
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 use tokio_postgres::types::Json;
 use tokio_postgres::Row;
@@ -105,11 +106,17 @@ row! {
 
 statement! {
     /// A heartbeat: a row when the lease of the current attempt was extended.
-    ExtendLease = "extend_lease" -> () {
+    ExtendLease = "extend_lease" -> LeaseEnd {
         id: i64,
         attempt: i32,
         lease_millis: i64,
         token: Option<i64>,
+    }
+}
+
+row! {
+    LeaseEnd {
+        lease_expires_at: DateTime<Utc>,
     }
 }
 

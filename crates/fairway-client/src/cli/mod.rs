@@ -30,15 +30,16 @@ pub enum CliError {
 fn client(broker: &BrokerAddress) -> Result<Client, CliError> {
     // `localhost:8080` parses as a URL of scheme `localhost`; reqwest would then say only
     // "builder error".
-    let url = broker.url.as_str();
-    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
-    if !matches!(scheme, Some("http" | "https")) {
-        return Err(CliError::Input(format!(
-            "--url {url:?} is not an http:// or https:// URL; try http://{}",
-            url.split_once("://").map_or(url, |(_, rest)| rest)
-        )));
+    for url in broker.url.split(',').map(str::trim) {
+        let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+        if !matches!(scheme, Some("http" | "https")) {
+            return Err(CliError::Input(format!(
+                "--url {url:?} is not an http:// or https:// URL; try http://{}",
+                url.split_once("://").map_or(url, |(_, rest)| rest)
+            )));
+        }
     }
     // `FAIRWAY_TOKEN=` (set, but empty) sends no token rather than an empty one.
     let token = broker.token.clone().filter(|token| !token.is_empty());
-    Ok(Client::trusting(url, token, broker.ca_cert.as_deref())?)
+    Ok(Client::trusting(&broker.url, token, broker.ca_cert.as_deref())?)
 }

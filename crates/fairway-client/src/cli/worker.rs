@@ -1,20 +1,28 @@
 //! `fairway worker`: long-polls for items of one service and runs a command per item, so that
 //! any executable becomes a fairway service. On SIGTERM or SIGINT it takes no more work, shuts
 //! its querier down (which ends its waiting work requests at the broker), finishes what it
-//! holds and what those requests still hand it, reports it all, and exits. A broker that
-//! cannot answer (503, 429, no connection) is asked again only after a pause that grows.
+//! holds and what those requests still hand it, reports it all, and exits; after
+//! --stop-timeout it exits anyway, naming the items it could not report. A broker that cannot
+//! answer (503, 429, no connection) is asked again only after a pause that grows.
+//!
+//! A finished item's report is kept until a broker takes it, or until the item's lease has
+//! ended (then the broker has handed the item to another worker): the item's lease is kept
+//! alive by heartbeats meanwhile, so that a broker away for a while costs no work done twice.
 //!
 //! A broken command must not fail the whole backlog: a command that cannot be started at all
 //! stops the worker (exit non-zero), and a command that fails on several items in a row makes
 //! it pause before taking more, doubling the pause while the failures go on. It also exits when
 //! the broker says its querier was shut down (410).
 
+use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder, Retryable};
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
@@ -22,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{client, CliError};
 use crate::args::WorkerArgs;
-use crate::{ClaimParams, Client, ClientError, Report};
+use crate::{ClaimParams, Client, ClientError, Report, ReportAnswer};
 use fairway_api::model::WorkItem;
 
 /// How much of a failed command's standard error goes into the item's error.
@@ -33,8 +41,12 @@ const ERROR_TAIL_BYTES: usize = 2048;
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const LONGEST_BACKOFF: Duration = Duration::from_secs(30);
 
-/// Retries of a report the broker did not answer, before the item is left to its lease.
-const REPORT_RETRIES: usize = 4;
+/// The longest pause between two tries of a report: a report is small, and the sooner it lands
+/// after a broker is back, the sooner its job goes on.
+const LONGEST_REPORT_PAUSE: Duration = Duration::from_secs(2);
+
+/// Retries of the querier's shutdown notice the broker did not answer.
+const SHUTDOWN_RETRIES: usize = 4;
 
 fn backoff() -> ExponentialBuilder {
     ExponentialBuilder::default()
@@ -68,6 +80,20 @@ struct Shared {
     /// facing a broker that answers nothing but errors sends one request per pause, whatever
     /// its concurrency.
     probe: tokio::sync::Mutex<()>,
+    /// The items taken and not yet reported, by id.
+    held: Mutex<BTreeMap<i64, Held>>,
+    /// Items that stopped being this worker's before their report landed: canceled, or their
+    /// leases ended.
+    given_up: AtomicU32,
+}
+
+/// An item taken and not yet reported.
+struct Held {
+    attempt: i32,
+    /// When its lease ends, as far as the worker knows: the claim's, then each heartbeat's.
+    lease_ends: DateTime<Utc>,
+    /// How long the claim leased it for, for a broker whose heartbeats do not say.
+    lease: chrono::Duration,
 }
 
 /// When the broker may be asked again after it could not answer.
@@ -112,6 +138,57 @@ impl Shared {
         (unavailable.failing, unavailable.until)
     }
 
+    fn hold(&self, item: &WorkItem) {
+        let held = Held {
+            attempt: item.attempt,
+            lease_ends: item.lease_expires_at,
+            lease: item.lease_expires_at - Utc::now(),
+        };
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).insert(item.id.0, held);
+    }
+
+    /// A heartbeat went through: the lease ends at `until`, or (from a broker that does not
+    /// say) a whole lease from now at the earliest.
+    fn lease_extended(&self, id: i64, until: Option<DateTime<Utc>>) {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(item) = held.get_mut(&id) {
+            item.lease_ends = until.unwrap_or(item.lease_ends.max(Utc::now() + item.lease));
+        }
+    }
+
+    /// When the item's next heartbeat goes: after `every`, or once half of what is left of its
+    /// lease has passed if that is sooner (a broker with --first-lease hands out short first
+    /// leases, which the first heartbeat extends).
+    fn first_heartbeat(&self, id: i64, every: Duration) -> Duration {
+        let left = self.lease_ends(id).map(|ends| (ends - Utc::now()).to_std().unwrap_or_default());
+        left.map_or(every, |left| every.min(left / 2))
+    }
+
+    fn lease_ends(&self, id: i64) -> Option<DateTime<Utc>> {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&id)
+            .map(|item| item.lease_ends)
+    }
+
+    /// The item is reported, or no longer this worker's to report.
+    fn let_go(&self, id: i64) {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
+    }
+
+    /// The items still held, in words: for the last line of a worker that stops without having
+    /// reported them.
+    fn still_held(&self) -> Vec<String> {
+        let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        held.iter()
+            .map(|(id, item)| {
+                let ends = item.lease_ends.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                format!("item {id} (attempt {}, lease ends {ends})", item.attempt)
+            })
+            .collect()
+    }
+
     /// How long to wait before taking work, after the command's failures in a row.
     fn pause(&self) -> Option<Duration> {
         let failures = self.failures_in_a_row.load(Ordering::Relaxed);
@@ -137,6 +214,8 @@ pub async fn run(args: WorkerArgs) -> Result<(), CliError> {
             pauses: backoff().without_max_times().build(),
         }),
         probe: tokio::sync::Mutex::new(()),
+        held: Mutex::new(BTreeMap::new()),
+        given_up: AtomicU32::new(0),
     });
     tracing::info!(
         service = args.service,
@@ -154,21 +233,57 @@ pub async fn run(args: WorkerArgs) -> Result<(), CliError> {
             tokio::spawn(slot)
         })
         .collect();
-    for slot in slots {
-        // A slot's panic is a bug; the others still finish what they hold.
-        if let Err(error) = slot.await {
-            tracing::error!(%error, "a worker slot stopped unexpectedly");
+    let finished = async {
+        for slot in slots {
+            // A slot's panic is a bug; the others still finish what they hold.
+            if let Err(error) = slot.await {
+                tracing::error!(%error, "a worker slot stopped unexpectedly");
+            }
         }
+    };
+    let timed_out = tokio::select! {
+        () = finished => false,
+        () = stop_timeout(&shared.stop, args.stop_timeout) => true,
+    };
+    // Every slot stopped, or the stop came and its time ran out.
+    match tokio::time::timeout(LEAVE_TIMEOUT, leave).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::error!(%error, "shutting the querier down stopped unexpectedly"),
+        Err(_) => tracing::warn!("the querier's shutdown notice got no answer in time"),
     }
-    // Every slot stopped, so the stop came (a signal, or a reason to halt).
-    if let Err(error) = leave.await {
-        tracing::error!(%error, "shutting the querier down stopped unexpectedly");
+    let unreported = shared.still_held();
+    if timed_out && !unreported.is_empty() {
+        let message = format!(
+            "stopped after --stop-timeout ({:?}) with {} items not reported, each to run again \
+             once its lease ends: {}",
+            args.stop_timeout,
+            unreported.len(),
+            unreported.join(", ")
+        );
+        tracing::error!("{message}");
+        return Err(CliError::Found(message));
     }
-    tracing::info!("stopped: every item taken was reported");
+    match shared.given_up.load(Ordering::Relaxed) {
+        0 => tracing::info!("stopped: every item taken was reported"),
+        given_up => tracing::warn!(
+            given_up,
+            "stopped: every item taken was reported, but for {given_up} that stopped being this \
+             worker's first (canceled, or their leases ended)"
+        ),
+    }
     match shared.fatal.get() {
         Some(reason) => Err(CliError::Found(reason.clone())),
         None => Ok(()),
     }
+}
+
+/// Longest the worker waits, as it exits, for its querier's shutdown notice to be answered.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Ends `timeout` after the stop.
+async fn stop_timeout(stop: &CancellationToken, timeout: Duration) {
+    stop.cancelled().await;
+    tokio::time::sleep(timeout).await;
 }
 
 async fn stop_on_signal(stop: CancellationToken) {
@@ -201,7 +316,7 @@ fn default_querier() -> String {
 async fn leave_when_stopped(client: Client, querier: String, shared: Arc<Shared>) {
     shared.stop.cancelled().await;
     let left = (|| client.shut_down_querier(&querier))
-        .retry(backoff().with_max_times(REPORT_RETRIES))
+        .retry(backoff().with_max_times(SHUTDOWN_RETRIES))
         .when(ClientError::is_transient)
         .await;
     match left {
@@ -301,6 +416,8 @@ async fn work_slot(
 /// Runs the command on one item, heartbeating while it runs, and reports how it ended.
 async fn work(client: &Client, args: &WorkerArgs, item: WorkItem, shared: &Shared) {
     let (id, attempt) = (item.id.0, item.attempt);
+    shared.hold(&item);
+    let first = shared.first_heartbeat(id, args.heartbeat);
     let report = tokio::select! {
         ran = run_command(&args.command, &item) => match ran {
             Ran::Report(report) => report,
@@ -311,24 +428,29 @@ async fn work(client: &Client, args: &WorkerArgs, item: WorkItem, shared: &Share
                 Report::Released { attempt, reason: Some(error) }
             }
         },
-        lost = heartbeat(client, id, attempt, first_heartbeat(&item, args.heartbeat), args.heartbeat) => {
+        lost = heartbeat(client, id, attempt, first, args.heartbeat, shared) => {
             // The command is killed when its future is dropped here.
             tracing::warn!(item = id, attempt, reason = %lost, "gave up the item");
+            shared.given_up.fetch_add(1, Ordering::Relaxed);
+            shared.let_go(id);
             return;
         }
     };
-    let sent = (|| client.report(id, &report))
-        .retry(backoff().with_max_times(REPORT_RETRIES))
-        .when(ClientError::is_transient)
-        .adjust(|error, pause| {
-            pause.map(|pause| pause.max(error.retry_after().unwrap_or_default()))
-        })
-        .notify(|error, pause| {
-            tracing::warn!(item = id, %error, ?pause, "report failed; sending it again");
-        })
-        .await;
-    match sent {
-        Ok(answer) => {
+    // The lease stays alive while the report waits for a broker. A heartbeat refused meanwhile
+    // says only that the attempt is no longer current, which a report that landed unanswered
+    // also makes it: the report, sent again, tells which.
+    let first = shared.first_heartbeat(id, args.heartbeat);
+    let keep_alive = async {
+        heartbeat(client, id, attempt, first, args.heartbeat, shared).await;
+        std::future::pending::<Infallible>().await
+    };
+    let delivery = tokio::select! {
+        delivery = deliver(client, id, &report, shared) => delivery,
+        never = keep_alive => match never {},
+    };
+    shared.let_go(id);
+    match delivery {
+        Delivery::Delivered(answer) => {
             note_outcome(shared, &report);
             match &report {
                 Report::Failed { error, .. } => tracing::warn!(
@@ -341,9 +463,51 @@ async fn work(client: &Client, args: &WorkerArgs, item: WorkItem, shared: &Share
                 _ => tracing::info!(item = id, attempt, status = ?answer.status, "reported"),
             }
         }
-        Err(error) => {
-            tracing::error!(item = id, %error, "report refused; the lease will return the item");
+        Delivery::Refused(error) => {
+            shared.given_up.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(item = id, attempt, %error, "report refused: the item is no longer this worker's");
         }
+        Delivery::LeaseEnded => {
+            shared.given_up.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(
+                item = id,
+                attempt,
+                "no broker took the report before the item's lease ended; the item runs again"
+            );
+        }
+    }
+}
+
+/// What became of a report.
+enum Delivery {
+    Delivered(ReportAnswer),
+    /// The broker refused it: the attempt is no longer current (canceled, or leased again).
+    Refused(ClientError),
+    /// No broker took it before the lease ended, and with it the worker's claim on the item.
+    LeaseEnded,
+}
+
+/// Sends `report` until a broker answers it, backing off between tries (a broker's longer
+/// Retry-After is waited out whole), and no later than the item's lease allows.
+async fn deliver(client: &Client, id: i64, report: &Report, shared: &Shared) -> Delivery {
+    let mut pauses = backoff().with_max_delay(LONGEST_REPORT_PAUSE).without_max_times().build();
+    loop {
+        let error = match client.report(id, report).await {
+            Ok(answer) => return Delivery::Delivered(answer),
+            Err(error) if !error.is_transient() => return Delivery::Refused(error),
+            Err(error) => error,
+        };
+        let now = Utc::now();
+        let left = shared.lease_ends(id).map(|ends| (ends - now).to_std().unwrap_or_default());
+        if left == Some(Duration::ZERO) {
+            return Delivery::LeaseEnded;
+        }
+        let pause =
+            pauses.next().unwrap_or(LONGEST_BACKOFF).max(error.retry_after().unwrap_or_default());
+        // One last try as the lease ends.
+        let pause = left.map_or(pause, |left| pause.min(left));
+        tracing::warn!(item = id, %error, ?pause, "report failed; keeping it to send again");
+        tokio::time::sleep(pause).await;
     }
 }
 
@@ -365,14 +529,6 @@ fn note_outcome(shared: &Shared, report: &Report) {
     }
 }
 
-/// When the first heartbeat goes: after `every`, or once half of the lease the claim gave has
-/// passed if that is sooner (a broker with --first-lease hands out short first leases, which
-/// the first heartbeat extends).
-fn first_heartbeat(item: &WorkItem, every: Duration) -> Duration {
-    let left = (item.lease_expires_at - chrono::Utc::now()).to_std().unwrap_or_default();
-    every.min(left / 2)
-}
-
 /// Extends the lease after `first`, then every `every`, until the broker says the attempt is no
 /// longer this worker's (a cancel, or a lease that expired); returns why.
 async fn heartbeat(
@@ -381,12 +537,13 @@ async fn heartbeat(
     attempt: i32,
     first: Duration,
     every: Duration,
+    shared: &Shared,
 ) -> ClientError {
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + first, every);
     loop {
         ticker.tick().await;
         match client.report(id, &Report::Running { attempt }).await {
-            Ok(_) => {}
+            Ok(answer) => shared.lease_extended(id, answer.lease_expires_at),
             Err(error) if error.is_transient() => {
                 tracing::warn!(item = id, %error, "heartbeat failed; trying again next time");
             }
