@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
 
-use crate::helpers::{spawn_app_with, spawn_broker, TestApp};
+use crate::helpers::{spawn_app, spawn_app_with, spawn_broker, TestApp};
 
 #[derive(Debug, Deserialize)]
 pub struct Sample {
@@ -339,6 +339,28 @@ async fn every_broker_shows_when_a_worker_last_asked_for_each_service() {
     assert!(seconds >= before.timestamp() as f64 - 1.0, "{seconds}");
     let nobody = [("service", "nobody-serves")];
     assert_eq!(scraped.value("fairway_service_last_asked_timestamp_seconds", &nobody), None);
+}
+
+/// A service whose workers wait while nothing is queued is in the overview all the same, with
+/// its waiting workers and when they asked.
+#[tokio::test]
+async fn a_service_with_workers_waiting_and_nothing_queued_is_listed() {
+    let app = spawn_app().await;
+    let before = chrono::Utc::now() - chrono::Duration::seconds(1);
+    let waiting = app.http.get(app.url("/work?service=idle&querier=q&wait=10")).send();
+    let waiting = tokio::spawn(waiting);
+    app.await_waiting_workers("idle", 1).await;
+    let services: serde_json::Value = app.get("/admin/services").await.json().await.expect("JSON");
+    let listed = services["services"].as_array().cloned().unwrap_or_default();
+    let idle = listed.iter().find(|summary| summary["service"] == "idle").expect("listed");
+    assert_eq!(
+        (&idle["ready"], &idle["running"], &idle["waiting_workers"]),
+        (&json!(0), &json!(0), &json!(1))
+    );
+    let asked: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(idle["last_asked"].clone()).expect("a time");
+    assert!(asked >= before, "{idle}");
+    waiting.abort();
 }
 
 #[tokio::test]

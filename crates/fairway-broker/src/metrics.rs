@@ -534,11 +534,23 @@ impl Metrics {
         &self,
         waiting_workers: &BTreeMap<String, usize>,
         asked_here: &BTreeMap<String, DateTime<Utc>>,
+        asked_within: Duration,
     ) -> Vec<ServiceSummary> {
         let snapshot = self.snapshot.lock().await;
         let now = Utc::now().timestamp_micros() as f64 / 1e6;
+        // Services with work, and those workers wait on or asked for lately though nothing is
+        // queued: an idle service stays in view, and a typo in a worker's service drops out.
+        let recent = Utc::now() - chrono::Duration::from_std(asked_within).unwrap_or_default();
+        let asked = snapshot.asked.iter().chain(asked_here);
+        let services: BTreeSet<&String> = snapshot
+            .seen
+            .iter()
+            .map(|(service, _)| service)
+            .chain(asked.filter(|(_, at)| **at >= recent).map(|(service, _)| service))
+            .chain(waiting_workers.iter().filter(|(_, n)| **n > 0).map(|(service, _)| service))
+            .collect();
         let mut summaries: BTreeMap<&str, ServiceSummary> = BTreeMap::new();
-        for (service, _) in &snapshot.seen {
+        for service in services {
             summaries.entry(service).or_insert_with(|| ServiceSummary {
                 service: service.clone(),
                 ready: 0,
@@ -684,8 +696,27 @@ mod tests {
     }
 
     async fn claims_per_second(metrics: &Metrics) -> f64 {
-        let summaries = metrics.service_summaries(&BTreeMap::new(), &BTreeMap::new()).await;
+        let summaries =
+            metrics.service_summaries(&BTreeMap::new(), &BTreeMap::new(), Duration::ZERO).await;
         summaries.first().map_or(f64::NAN, |summary| summary.claims_per_second)
+    }
+
+    #[tokio::test]
+    async fn services_waited_on_or_asked_for_lately_are_listed_with_nothing_queued() {
+        let metrics = Metrics::new(Duration::ZERO, false).expect("metrics");
+        let now = Utc::now();
+        let asked = BTreeMap::from([
+            ("idle".to_owned(), now),
+            ("typo".to_owned(), now - chrono::Duration::minutes(5)),
+        ]);
+        let waiting = BTreeMap::from([("waited-on".to_owned(), 2), ("left".to_owned(), 0)]);
+        let summaries = metrics.service_summaries(&waiting, &asked, Duration::from_secs(60)).await;
+        let listed: Vec<(&str, i64, usize)> = summaries
+            .iter()
+            .map(|summary| (summary.service.as_str(), summary.ready, summary.waiting_workers))
+            .collect();
+        assert_eq!(listed, [("idle", 0, 0), ("waited-on", 0, 2)]);
+        assert_eq!(summaries[0].last_asked, Some(now));
     }
 
     #[tokio::test]

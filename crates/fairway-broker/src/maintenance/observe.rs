@@ -88,7 +88,11 @@ impl Maintenance {
     pub async fn service_summaries(&self) -> Vec<ServiceSummary> {
         self.refresh_gauges().await;
         let waiting = self.core.signals.waiting_workers();
-        self.core.metrics.service_summaries(&waiting, &self.claims.latest_asks()).await
+        let asked_within = self.core.settings.querier_forget_delay;
+        self.core
+            .metrics
+            .service_summaries(&waiting, &self.claims.latest_asks(), asked_within)
+            .await
     }
 
     /// Takes the database's queue gauges, and when workers last asked for each service in any
