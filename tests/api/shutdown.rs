@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 use tokio_postgres::config::Host;
 
-use crate::helpers::{empty_database, fresh_database, spawn_broker};
+use crate::helpers::{connect, empty_database, fresh_database, spawn_broker};
 
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 const WORKERS: usize = 12;
@@ -336,4 +336,41 @@ async fn a_healthy_start_and_stop_log_no_warning_and_each_migration_once() {
     applied.dedup();
     assert!(logged > 0 && logged == applied.len(), "each migration once: {first:?}");
     assert!(second.iter().all(|line| line["message"] != "applied migration"));
+}
+
+#[tokio::test]
+async fn a_pooled_connection_the_server_ends_is_logged_with_its_cause() {
+    let config = fresh_database().await;
+    let (broker, base) = broker_process(&config, Stdio::piped()).await;
+    let http = reqwest::Client::new();
+    let consistency = format!("{base}/admin/consistency");
+    assert_eq!(http.get(&consistency).send().await.expect("GET").status(), StatusCode::OK);
+    // Every connection of the broker's database but this one ends, as in a server restart.
+    connect(&config)
+        .await
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+              WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .expect("terminate the broker's connections");
+    // The broker answers again on new connections.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http.get(&consistency).send().await.map(|answer| answer.status()).ok()
+        != Some(StatusCode::OK)
+    {
+        assert!(Instant::now() < deadline, "the broker never reconnected");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lines = json_lines(&stdout_until_stopped(broker).await);
+    let ended: Vec<&Value> = lines
+        .iter()
+        .filter(|line| line["message"] == "a pooled database connection ended")
+        .collect();
+    assert!(!ended.is_empty(), "no line for the ended connections: {lines:?}");
+    for line in ended {
+        let cause = line["cause"].as_str().unwrap_or_default();
+        assert!(cause.contains("terminating connection due to administrator command"), "{line}");
+    }
 }

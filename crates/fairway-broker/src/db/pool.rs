@@ -1,8 +1,13 @@
 //! The connection pool every duty of a broker draws from.
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
-use fairway_pg::Database;
+use deadpool_postgres::{
+    Connect, Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime,
+};
+use fairway_pg::{Database, Tls};
+use tokio::task::JoinHandle;
 
 use super::DbError;
 
@@ -13,9 +18,9 @@ const CONNECTION_WAIT: Duration = Duration::from_secs(10);
 /// A pool of `size` connections to `database`, secured as its connection string says.
 /// Connections are opened on demand.
 pub fn connect(database: &Database, size: usize) -> Result<Pool, DbError> {
-    let manager = Manager::from_config(
+    let manager = Manager::from_connect(
         database.config().clone(),
-        database.tls(),
+        ExplainedConnect { tls: database.tls() },
         ManagerConfig { recycling_method: RecyclingMethod::Fast },
     );
     Pool::builder(manager)
@@ -29,4 +34,35 @@ pub fn connect(database: &Database, size: usize) -> Result<Pool, DbError> {
         .create_timeout(Some(CONNECTION_WAIT))
         .build()
         .map_err(|error| DbError::Pool(fairway_pg::describe(&error)))
+}
+
+/// Opens the pool's connections as deadpool's own connector does, but logs a connection that
+/// ends in error with its whole cause (the server's message and SQLSTATE, or the socket's),
+/// where deadpool's says only "db error".
+struct ExplainedConnect {
+    tls: Tls,
+}
+
+type Connecting<'a> = Pin<
+    Box<
+        dyn Future<Output = Result<(tokio_postgres::Client, JoinHandle<()>), tokio_postgres::Error>>
+            + Send
+            + 'a,
+    >,
+>;
+
+impl Connect for ExplainedConnect {
+    fn connect(&self, config: &tokio_postgres::Config) -> Connecting<'_> {
+        let (tls, config) = (self.tls.clone(), config.clone());
+        Box::pin(async move {
+            let (client, connection) = config.connect(tls).await?;
+            let driver = tokio::spawn(async move {
+                if let Err(error) = connection.await {
+                    let cause = fairway_pg::describe(&error);
+                    tracing::warn!(%cause, "a pooled database connection ended");
+                }
+            });
+            Ok((client, driver))
+        })
+    }
 }
