@@ -17,8 +17,9 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
-# The Kubernetes release the core objects are checked against.
-KUBERNETES_VERSION = "1.33.0"
+# The Kubernetes releases the core objects are checked against: the oldest fairway supports
+# (docs/kubernetes.md) and the newest kubernetes-validate knows.
+KUBERNETES_VERSIONS = ("1.27.0", "1.37.0")
 SCHEMAS = os.path.join(os.path.dirname(__file__), "..", "k8s", "schemas")
 
 
@@ -91,7 +92,8 @@ def main(kubectl, directory):
             elif "." in group and not group.endswith(".k8s.io"):
                 problems.append(f"{name}: no vendored CRD schema for {key}")
             else:
-                kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+                for version in KUBERNETES_VERSIONS:
+                    kubernetes_validate.validate(obj, version, strict=True)
         except (jsonschema.ValidationError, kubernetes_validate.ValidationError) as error:
             problems.append(f"{name}: {error.message} at {list(error.path)}")
         except kubernetes_validate.SchemaNotFoundError as error:

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::helpers::{spawn_app_with, TestApp};
 use crate::metrics::{scrape_until, Scrape};
@@ -178,10 +178,16 @@ async fn each_overlay_validates_and_names_what_the_broker_reads_serves_and_expor
             (Some("http"), Some("/metrics"))
         );
 
-        // The pod outlives the broker's own drain: the preStop pause, then --shutdown-timeout.
-        let timeout = config["FAIRWAY_SHUTDOWN_TIMEOUT"].as_str().expect("shutdown timeout");
-        let timeout = humantime::parse_duration(timeout).expect("a duration").as_secs();
-        let pause = container["lifecycle"]["preStop"]["sleep"]["seconds"].as_u64().unwrap_or(0);
+        // The pod outlives the broker's own drain: the preStop hook's pause, then
+        // --shutdown-timeout. The hook is the broker's /prestop, on its own port.
+        let seconds = |name: &str| {
+            let text = config[name].as_str().unwrap_or_else(|| panic!("{overlay}: no {name}"));
+            humantime::parse_duration(text).expect("a duration").as_secs()
+        };
+        let (timeout, pause) =
+            (seconds("FAIRWAY_SHUTDOWN_TIMEOUT"), seconds("FAIRWAY_PRESTOP_DELAY"));
+        let hook = &container["lifecycle"]["preStop"]["httpGet"];
+        assert_eq!((&hook["path"], &hook["port"]), (&json!("/prestop"), &json!("http")), "{hook}");
         let grace = pod["terminationGracePeriodSeconds"].as_u64().expect("grace period");
         assert!(grace > pause + timeout, "{overlay}: {grace} s of grace for {pause} + {timeout} s");
 

@@ -374,3 +374,28 @@ async fn a_pooled_connection_the_server_ends_is_logged_with_its_cause() {
         assert!(cause.contains("terminating connection due to administrator command"), "{line}");
     }
 }
+
+/// A preStop hook's request: /readyz answers 503 from its start, the broker goes on serving,
+/// and the answer comes after --prestop-delay.
+#[tokio::test]
+async fn prestop_makes_the_broker_unready_and_answers_after_its_delay() {
+    let mut args = ServeArgs::for_tests();
+    args.prestop_delay = Duration::from_millis(700);
+    let app = spawn_broker(args, fresh_database().await).await;
+    assert_eq!(app.get("/readyz").await.status(), StatusCode::OK);
+    let started = Instant::now();
+    let hook = tokio::spawn(app.http.get(app.url("/prestop")).send());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.get("/readyz").await.status() != StatusCode::SERVICE_UNAVAILABLE {
+        assert!(Instant::now() < deadline, "/readyz never turned 503");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Still serving: a producer's submission and a worker's claim go through.
+    let job = app.submit_simple("alice", "svc", 1, true).await;
+    assert!(app.claim("svc").await.is_some(), "a claim during the preStop pause");
+    let answer = hook.await.expect("the hook's task").expect("an answer");
+    assert_eq!(answer.status(), StatusCode::OK);
+    assert!(started.elapsed() >= Duration::from_millis(700), "answered before its delay");
+    assert_eq!(app.get("/readyz").await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(app.job(job).await["status"], "running");
+}

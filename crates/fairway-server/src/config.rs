@@ -60,6 +60,12 @@ pub struct ServeArgs {
     #[arg(long, env = "FAIRWAY_SHUTDOWN_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
 
+    /// How long GET /prestop (a Kubernetes preStop hook) holds its answer, with /readyz
+    /// answering 503 from its start, so that load balancers stop routing here before SIGTERM
+    /// starts the drain. The broker goes on serving meanwhile.
+    #[arg(long, env = "FAIRWAY_PRESTOP_DELAY", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub prestop_delay: Duration,
+
     /// Largest request body accepted, in bytes; larger bodies get 413.
     #[arg(long, env = "FAIRWAY_MAX_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_body_bytes: usize,
@@ -112,6 +118,7 @@ impl ServeArgs {
             idempotency_ttl: Duration::from_secs(24 * 60 * 60),
             querier_forget_delay: Duration::from_secs(60),
             shutdown_timeout: Duration::from_secs(20),
+            prestop_delay: Duration::from_secs(5),
             max_body_bytes: 1024 * 1024,
             long_poll_max: Duration::from_secs(60),
             batches: BatchArgs { claim_lanes: 4, ending_lanes: 1, batch_max: 32 },

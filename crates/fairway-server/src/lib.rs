@@ -18,7 +18,8 @@ mod workers;
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::sync::PoisonError;
+use std::time::{Duration, Instant};
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -97,13 +98,30 @@ pub fn configure(max_body_bytes: usize) -> impl FnOnce(&mut web::ServiceConfig) 
 }
 
 /// The requests this server is answering: a stopping broker waits for them to end before it
-/// closes its listener.
+/// closes its listener. And whether a preStop hook asked it to look unready.
 #[derive(Default)]
 pub struct Traffic {
     in_flight: AtomicUsize,
+    unready_until: std::sync::Mutex<Option<Instant>>,
 }
 
+/// How long /readyz stays 503 after GET /prestop when no SIGTERM follows (a hook that failed,
+/// or a caller that is no kubelet): the broker then takes traffic again.
+const UNREADY_AT_MOST: Duration = Duration::from_secs(60);
+
 impl Traffic {
+    /// From now, /readyz answers 503 for `delay` and [`UNREADY_AT_MOST`] more.
+    pub fn look_unready(&self, delay: Duration) {
+        let until = Instant::now() + delay + UNREADY_AT_MOST;
+        *self.unready_until.lock().unwrap_or_else(PoisonError::into_inner) = Some(until);
+    }
+
+    /// Whether a preStop hook asked for /readyz to answer 503 now.
+    pub fn unready(&self) -> bool {
+        let until = *self.unready_until.lock().unwrap_or_else(PoisonError::into_inner);
+        until.is_some_and(|until| Instant::now() < until)
+    }
+
     /// Requests being answered now.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)

@@ -118,6 +118,7 @@ impl Application {
             metrics_require_token: args.auth.metrics_require_token,
         });
         let shared_traffic = traffic.clone();
+        let prestop_delay = web::Data::new(crate::admin::PrestopDelay(args.prestop_delay));
         let max_body_bytes = args.max_body_bytes;
         let server = HttpServer::new(move || {
             App::new()
@@ -127,6 +128,7 @@ impl Application {
                 .app_data(data.clone())
                 .app_data(auth_state.clone())
                 .app_data(shared_traffic.clone())
+                .app_data(prestop_delay.clone())
                 .configure(crate::configure(max_body_bytes))
                 .default_service(web::to(crate::no_such_route))
         })
