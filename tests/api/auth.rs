@@ -548,13 +548,13 @@ async fn tokens_are_stored_only_as_their_sha256() {
     assert!(!listed.contains("hash"), "{listed}");
 }
 
+/// A broker on every address, with `auth`.
+fn wide(auth: AuthArgs) -> ServeArgs {
+    ServeArgs { bind: "0.0.0.0:0".parse().expect("address"), auth, ..ServeArgs::for_tests() }
+}
+
 #[tokio::test]
 async fn a_non_loopback_bind_needs_auth_or_insecure_no_auth() {
-    let wide = |auth: AuthArgs| ServeArgs {
-        bind: "0.0.0.0:0".parse().expect("address"),
-        auth,
-        ..ServeArgs::for_tests()
-    };
     let refused = Application::build(&wide(AuthArgs::default()), fresh_database().await).await;
     assert!(matches!(refused, Err(StartupError::NoAuth { .. })), "{:?}", refused.err());
     let insecure = AuthArgs { insecure_no_auth: true, ..AuthArgs::default() };
@@ -569,11 +569,6 @@ async fn a_non_loopback_bind_needs_auth_or_insecure_no_auth() {
 
 #[tokio::test]
 async fn a_refused_start_leaves_an_empty_database_empty() {
-    let wide = |auth: AuthArgs| ServeArgs {
-        bind: "0.0.0.0:0".parse().expect("address"),
-        auth,
-        ..ServeArgs::for_tests()
-    };
     let weak = AuthArgs { admin_token: Some("hunter2".to_owned()), ..AuthArgs::default() };
     for auth in [AuthArgs::default(), weak] {
         let database = empty_database().await;

@@ -603,35 +603,11 @@ async fn a_worker_exits_when_its_querier_was_shut_down() {
     assert!(said.contains("shut querier bq down"), "{said}");
 }
 
-#[tokio::test]
-async fn serve_on_a_taken_port_says_so_before_touching_the_database() {
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
-    let address = taken.local_addr().expect("its address").to_string();
-    // No database answers here: had the broker gone to it first, that is what it would report.
+/// Everything `fairway serve --bind BIND` prints as it refuses to start, with `env` and no
+/// DATABASE_URL but the one `env` gives.
+async fn refused_serve(bind: &str, env: &[(&str, &str)]) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_fairway"))
-        .args(["serve", "--bind", &address])
-        .env("DATABASE_URL", "postgres://fairway@127.0.0.1:1/fairway")
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(Duration::from_secs(20), output)
-        .await
-        .expect("serve gives up at once")
-        .expect("run fairway serve");
-    assert!(!output.status.success());
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let first = said.lines().next().unwrap_or_default();
-    assert!(first.contains(&format!("cannot listen on {address}")), "first line: {first}\n{said}");
-    assert!(first.contains("FAIRWAY_BIND") && first.contains("--bind"), "{first}");
-}
-
-/// Everything `fairway serve` prints as it refuses to start, given `env`.
-async fn refused_serve(env: &[(&str, &str)]) -> String {
-    let output = Command::new(env!("CARGO_BIN_EXE_fairway"))
-        .args(["serve", "--bind", "127.0.0.1:0"])
+        .args(["serve", "--bind", bind])
         .env_remove("DATABASE_URL")
         .envs(env.iter().copied())
         .kill_on_drop(true)
@@ -649,12 +625,24 @@ async fn refused_serve(env: &[(&str, &str)]) -> String {
 }
 
 #[tokio::test]
+async fn serve_on_a_taken_port_says_so_before_touching_the_database() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let address = taken.local_addr().expect("its address").to_string();
+    // No database answers here: had the broker gone to it first, that is what it would report.
+    let nowhere = [("DATABASE_URL", "postgres://fairway@127.0.0.1:1/fairway")];
+    let said = refused_serve(&address, &nowhere).await;
+    let first = said.lines().next().unwrap_or_default();
+    assert!(first.contains(&format!("cannot listen on {address}")), "first line: {first}\n{said}");
+    assert!(first.contains("FAIRWAY_BIND") && first.contains("--bind"), "{first}");
+}
+
+#[tokio::test]
 async fn boolean_settings_read_1_yes_and_true_as_true() {
     for truthy in ["1", "yes", "true", "on"] {
-        let said = refused_serve(&[("FAIRWAY_NO_EMBEDDED_POSTGRES", truthy)]).await;
+        let said = refused_serve("127.0.0.1:0", &[("FAIRWAY_NO_EMBEDDED_POSTGRES", truthy)]).await;
         assert!(said.contains("DATABASE_URL is required"), "{truthy}: {said}");
     }
-    let said = refused_serve(&[("FAIRWAY_NO_EMBEDDED_POSTGRES", "maybe")]).await;
+    let said = refused_serve("127.0.0.1:0", &[("FAIRWAY_NO_EMBEDDED_POSTGRES", "maybe")]).await;
     assert!(said.contains("FAIRWAY_NO_EMBEDDED_POSTGRES") || said.contains("maybe"), "{said}");
 }
 
