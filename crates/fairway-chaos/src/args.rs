@@ -49,8 +49,8 @@ pub struct ChaosArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct ChaosDriveArgs {
-    /// The brokers' base URLs (comma-separated); workers are dealt over them and move to the
-    /// next when one cannot be reached.
+    /// The brokers' base URLs (comma-separated); workers are dealt over them, each given its
+    /// broker and the next, as `fairway worker --url` takes them.
     #[arg(long, value_delimiter = ',', required = true)]
     pub url: Vec<String>,
 

@@ -110,8 +110,10 @@ impl Shared {
 }
 
 pub async fn run(args: ChaosDriveArgs) -> Result<(), ChaosError> {
-    let clients =
-        args.url.iter().map(|url| Client::new(url, None)).collect::<Result<Vec<_>, _>>()?;
+    // Each worker is given two brokers: the one it starts with, and the next.
+    let clients = (0..args.url.len())
+        .map(|first| Client::new(&crate::starting_at(&args.url, first, 2).join(","), None))
+        .collect::<Result<Vec<_>, _>>()?;
     let shared = Arc::new(Shared {
         clients,
         record: Mutex::new(Record::default()),

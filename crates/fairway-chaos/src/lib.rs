@@ -178,6 +178,12 @@ pub async fn run(args: ChaosArgs) -> Result<(), ChaosError> {
     outcome
 }
 
+/// `count` of `urls`, from the one at `first` on, wrapping round: the brokers a client given
+/// several goes through, in order.
+pub fn starting_at(urls: &[String], first: usize, count: usize) -> Vec<String> {
+    (0..count.min(urls.len())).map(|n| urls[(first + n) % urls.len()].clone()).collect()
+}
+
 /// The broker processes, each on a fixed port so that a restarted one is where it was.
 pub struct Brokers {
     exe: PathBuf,
@@ -186,6 +192,12 @@ pub struct Brokers {
     extra: Vec<String>,
     ports: Vec<u16>,
     children: Vec<Option<Child>>,
+    /// Those stopped for good, never started again.
+    gone: Vec<bool>,
+    /// One client per broker that asks it alone: whether it is ready.
+    probes: Vec<Client>,
+    /// One client per broker that starts there and goes on to the others while one is away,
+    /// as a worker given every broker's URL does.
     pub clients: Vec<Client>,
 }
 
@@ -203,10 +215,12 @@ impl Brokers {
         for _ in 0..BROKERS {
             ports.push(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port());
         }
-        let clients = ports
-            .iter()
-            .map(|port| Client::new(&format!("http://127.0.0.1:{port}"), None))
-            .collect::<Result<Vec<_>, _>>()?;
+        let urls: Vec<String> =
+            ports.iter().map(|port| format!("http://127.0.0.1:{port}")).collect();
+        let probes = urls.iter().map(|url| Client::new(url, None)).collect::<Result<_, _>>()?;
+        let clients = (0..BROKERS)
+            .map(|first| Client::new(&starting_at(&urls, first, BROKERS).join(","), None))
+            .collect::<Result<_, _>>()?;
         let mut brokers = Self {
             exe: std::env::current_exe()?,
             database_url,
@@ -217,7 +231,9 @@ impl Brokers {
             ]
             .concat(),
             children: (0..BROKERS).map(|_| None).collect(),
+            gone: vec![false; BROKERS],
             ports,
+            probes,
             clients,
         };
         for index in 0..BROKERS {
@@ -264,7 +280,7 @@ impl Brokers {
     async fn ready_within(&self, index: usize, limit: Duration) -> Result<Duration, ChaosError> {
         let started = Instant::now();
         loop {
-            match self.clients[index].ready().await {
+            match self.probes[index].ready().await {
                 Ok(()) => return Ok(started.elapsed()),
                 Err(error) if started.elapsed() > limit => {
                     return Err(ChaosError::Setup(format!(
@@ -287,6 +303,21 @@ impl Brokers {
             child.wait().await?;
         }
         self.spawn(index)
+    }
+
+    /// `kill -9`, and never started again.
+    async fn stop_for_good(&mut self, index: usize) -> Result<(), ChaosError> {
+        if let Some(mut child) = self.children[index].take() {
+            child.start_kill()?;
+            child.wait().await?;
+        }
+        self.gone[index] = true;
+        Ok(())
+    }
+
+    /// The brokers not stopped for good.
+    fn live(&self) -> Vec<usize> {
+        (0..BROKERS).filter(|index| !self.gone[*index]).collect()
     }
 
     /// SIGTERM to each, and waits for them to exit.
@@ -473,6 +504,19 @@ async fn suite(
         tokio::time::sleep(BETWEEN_FAULTS).await;
     }
 
+    // A broker gone for good: the workers and producers it served carry on with the other
+    // broker they were given.
+    let (_, done, _) = item_totals(&pool).await?;
+    let gone = Instant::now();
+    brokers.stop_for_good(BROKERS - 1).await?;
+    let flowing = progress_after(&pool, done, READY_LIMIT).await;
+    faults.push(report_fault(
+        format!("kill -9 broker {} for good", BROKERS - 1),
+        flowing.map(|at| at - gone),
+        "items completing again",
+    ));
+    tokio::time::sleep(BETWEEN_FAULTS).await;
+
     let (_, done, _) = item_totals(&pool).await?;
     let crashed = Instant::now();
     server.restart_immediately().await?;
@@ -481,7 +525,7 @@ async fn suite(
         Some(crashed.elapsed()),
         "PostgreSQL accepting connections",
     ));
-    for index in 0..BROKERS {
+    for index in brokers.live() {
         brokers.ready(index).await?;
     }
     faults.push(report_fault(
@@ -537,7 +581,7 @@ async fn suite(
         Some(promoted),
         "standby promoted",
     ));
-    for index in 0..BROKERS {
+    for index in brokers.live() {
         if let Err(error) = brokers.ready_within(index, FAILOVER_LIMIT).await {
             brokers.stop().await;
             return Err(ChaosError::Failed(vec![format!(
