@@ -2,7 +2,8 @@
 
 ``fairway postgres --ephemeral`` runs a private PostgreSQL for as long as a small holder
 process lives; each broker is a ``fairway serve`` of its own on a free 127.0.0.1 port, so that
-a test can stop and start one (``Broker.restart``) while the database stays. The binary comes
+a test can stop, kill and start one again on its port (``Broker.restart``, ``Broker.kill``,
+``Broker.start``) while the database stays. The binary comes
 from ``FAIRWAY_BIN``, else the repository's ``target/release/fairway``, else
 ``target/debug/fairway``. Without one the tests are skipped, unless
 ``FAIRWAY_REQUIRE_TOOLS=1`` (``make test``), which makes that a failure.
@@ -201,6 +202,15 @@ class Broker:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+    def kill(self) -> None:
+        """Ends the broker at once, as a crash would (SIGKILL: no drain, every connection
+        dropped); ``start`` brings it back on the same port."""
+        if self.process is None:
+            return
+        self.process.kill()
+        self.process.wait()
+        self.process = None
 
 
 def make_certificates(directory: Path) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import threading
 from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -618,3 +620,120 @@ def test_async_user_and_tenant_policy(broker: Broker) -> None:
             assert await client.tenant_policy(tenant) == changed
 
     asyncio.run(scenario())
+
+
+# Several brokers: a request moves on past a broker that refuses the connection or answers 503.
+
+
+class Draining:
+    """A stand-in for a draining broker: it answers every request 503, and counts them."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        stand_in = self
+
+        class Answer(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.answer()
+
+            def do_POST(self) -> None:
+                self.answer()
+
+            def answer(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                if length:
+                    self.rfile.read(length)
+                stand_in.requests += 1
+                body = b'{"error":{"code":"shutting_down","message":"draining"}}'
+                self.send_response(503)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_client_given_several_brokers_moves_past_a_refused_connection(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    away = f"http://127.0.0.1:{free_port()}"
+    service = unique("failover")
+    given: list[Any] = [[away, broker.url], f"{away},{broker.url}", f" {away}/ , {broker.url}/,"]
+    for urls in given:
+        with Client(urls) as client:
+            assert client.urls == (away, broker.url)
+            assert client.url == f"{away},{broker.url}"
+            job_id = client.submit(unique("tess"), [service], ["G1"])
+            assert client.job(job_id)["job_id"] == job_id
+    monkeypatch.setenv("FAIRWAY_URL", f"{away},{broker.url}")
+    with Client() as client:
+        assert client.ready()
+
+    async def scenario() -> None:
+        async with AsyncClient([away, broker.url]) as client:
+            assert (await client.job(job_id))["job_id"] == job_id
+
+    asyncio.run(scenario())
+
+    # Past the last broker, its error stands, naming it.
+    also_away = f"http://127.0.0.1:{free_port()}"
+    with Client([away, also_away]) as client, pytest.raises(FairwayError) as down:
+        client.job(job_id)
+    assert (down.value.status, down.value.code) == (None, "transport")
+    assert also_away in down.value.message
+    for wrong in (
+        " , ",
+        "127.0.0.1:8080",
+        f"{broker.url},localhost:8080",
+        "http://",
+        "http://[::1",
+    ):
+        with pytest.raises(ValueError, match=r"http://|no broker"):
+            Client(wrong)
+        monkeypatch.setenv("FAIRWAY_URL", wrong)
+        with pytest.raises(ValueError, match=r"http://|no broker"):
+            Client()
+
+
+def test_a_client_moves_past_a_503_and_stays_with_the_broker_that_answered(
+    broker: Broker,
+) -> None:
+    draining = Draining()
+    try:
+        with Client([draining.url, broker.url]) as client:
+            job_id = client.submit(unique("ugo"), [unique("drained")], ["G1"])
+            assert draining.requests == 1
+            # The broker that answered last is asked first.
+            assert client.job(job_id)["job_id"] == job_id
+            assert client.ready()
+            assert draining.requests == 1
+        # Past the last broker, its answer stands.
+        away = f"http://127.0.0.1:{free_port()}"
+        with Client([away, draining.url]) as client, pytest.raises(FairwayError) as refused:
+            client.job(job_id)
+        assert (refused.value.status, refused.value.code) == (503, "shutting_down")
+    finally:
+        draining.close()
+
+
+def test_an_untrusted_certificate_is_not_a_broker_away(
+    tls_broker: TlsBroker, broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    with Client([tls_broker.url, broker.url]) as client, pytest.raises(FairwayError) as refused:
+        client.job("00000000-0000-0000-0000-000000000000")
+    assert "CERTIFICATE_VERIFY_FAILED" in refused.value.message

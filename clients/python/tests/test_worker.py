@@ -1,4 +1,5 @@
-"""The worker side: long polls, heartbeats, reports and their resends, failures, stopping."""
+"""The worker side: long polls, heartbeats, reports and their resends, failures, stopping, and
+brokers away (a report kept until one takes it, several brokers, a true last line)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +25,7 @@ import pytest
 
 from conftest import Broker, TlsBroker, unique, wait_until
 from fairway_client import Client, FairwayError, PermanentError, Release, Worker, default_querier
-from fairway_client.worker import Handler, heartbeat_period, parse_timestamp
+from fairway_client.worker import Handler, _Held, heartbeat_period, parse_timestamp
 
 WORKER_PROCESS = Path(__file__).with_name("worker_process.py")
 
@@ -766,3 +768,312 @@ def test_heartbeat_period_is_half_the_lease() -> None:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(soon)) + ".5Z"
     assert 4.0 < heartbeat_period(stamp) <= 5.3
     assert heartbeat_period(None) == 10.0
+
+
+# Brokers away: a worker keeps each report until a broker takes it, moves on to the next broker
+# given several, and says truly in its last line what became of the items it took.
+
+
+def runs_of(path: Path, what: str = "start") -> list[int]:
+    """The ids of the items whose runs ``worker_process.py`` recorded in ``path`` as ``what``
+    (``start`` or ``done``), each as often as it did."""
+    text = path.read_text() if path.exists() else ""
+    return sorted(int(line.split()[1]) for line in text.splitlines() if line.startswith(what))
+
+
+def last_line_after_sigterm(process: subprocess.Popen[bytes], log: Path) -> str:
+    """Stops a worker process with SIGTERM; answers the last line it logged."""
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=30)
+    lines = log.read_text(errors="replace").splitlines()
+    assert process.returncode == 0, "\n".join(lines[-30:])
+    return lines[-1] if lines else ""
+
+
+class Runs:
+    """A handler that records each run of an item and takes ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.started: list[int] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, item: dict[str, Any]) -> list[Any]:
+        with self.lock:
+            self.started.append(item["id"])
+        time.sleep(self.seconds)
+        return [item["payload"]]
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.started)
+
+
+class WorkerLog(logging.Handler):
+    """The worker's lines of log, as they come."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def worker_log() -> Iterator[WorkerLog]:
+    handler = WorkerLog()
+    logger = logging.getLogger("fairway_client.worker")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_reports_wait_for_a_broker_away_fifteen_seconds_and_nothing_runs_twice(
+    broker_factory: Callable[..., Broker], tmp_path: Path
+) -> None:
+    broker = broker_factory()
+    service = unique("away")
+    runs, log = tmp_path / "runs", tmp_path / "worker.log"
+    with Client(broker.url) as client:
+        job_id = client.submit(unique("olga"), [service], ["A", "B", "C"])
+    with log.open("wb") as output:
+        worker = subprocess.Popen(
+            [sys.executable, str(WORKER_PROCESS), broker.url, service, "3", "3", "1", str(runs)],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        # Every slot runs its handler, so no work request is under way when the broker goes.
+        wait_until(lambda: len(runs_of(runs)) == 3, 30, "the three items started")
+        broker.kill()
+        gone = time.monotonic()
+        # The handlers end while the broker is away: their reports wait.
+        wait_until(lambda: len(runs_of(runs, "done")) == 3, 10, "the three handlers done")
+        time.sleep(max(0.0, gone + 15 - time.monotonic()))  # the outage, 15 s on purpose
+        broker.start()  # on the same address
+        back = time.monotonic()
+        with Client(broker.url) as client:
+            assert client.wait(job_id, timeout=30)["status"] == "successful"
+            after = time.monotonic() - back
+            assert after < 8, f"the job finished {after:.1f} s after the broker came back"
+            items = list(client.items(job_id))
+        assert [item["attempt"] for item in items] == [1, 1, 1]
+        assert sorted(item["results"][0] for item in items) == ["A", "B", "C"]
+        assert runs_of(runs) == sorted(item["id"] for item in items), "an item ran twice"
+        last = last_line_after_sigterm(worker, log)
+        assert last.endswith("stopped: every item taken was reported"), last
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+
+def test_a_worker_given_two_brokers_carries_on_when_one_stops_for_good(
+    broker_factory: Callable[..., Broker], running: Running, worker_log: WorkerLog
+) -> None:
+    first, second = broker_factory(), broker_factory()
+    service = unique("two-brokers")
+    handler = Runs(1.0)
+    worker = Worker([first.url, second.url], service=service, handler=handler, concurrency=2)
+    with Client(f"{first.url},{second.url}") as client:
+        job_id = client.submit(unique("pavel"), [service], list(range(8)))
+        thread = running.start(worker)
+        # Both slots run their handlers when the first broker goes: their reports, and every
+        # request after them, go to the second.
+        wait_until(lambda: handler.count() >= 2, 30, "both slots at work")
+        first.kill()
+        assert client.wait(job_id, timeout=60)["status"] == "successful"
+        items = list(client.items(job_id))
+    assert [item["attempt"] for item in items] == [1] * 8
+    assert sorted(handler.started) == sorted(item["id"] for item in items), "an item ran twice"
+    worker.stop()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert running.errors == []
+    assert worker_log.lines[-1] == "stopped: every item taken was reported"
+
+
+def test_a_worker_stopped_while_no_broker_answers_names_what_it_could_not_report(
+    broker_factory: Callable[..., Broker], running: Running, worker_log: WorkerLog
+) -> None:
+    broker = broker_factory()
+    service = unique("unreported")
+    handler = Runs(0.5)
+    worker = Worker(broker.url, service=service, handler=handler, stop_timeout=2)
+    with Client(broker.url) as client:
+        job_id = client.submit(unique("quentin"), [service], ["G1"])
+        thread = running.start(worker)
+        wait_until(lambda: handler.count() == 1, 30, "the item started")
+        broker.kill()
+        wait_until(
+            lambda: any("keeping it" in line for line in worker_log.lines), 10, "a report kept"
+        )
+        stopped = time.monotonic()
+        worker.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        assert 2 <= time.monotonic() - stopped < 6, "the stop timeout is not kept"
+        (item_id,) = handler.started
+        (unreported,) = worker.unreported
+        assert (unreported["id"], unreported["attempt"], unreported["working"]) == (
+            item_id,
+            1,
+            False,
+        )
+        last = worker_log.lines[-1]
+        assert "every item taken was reported" not in last
+        assert last.startswith("stopped: 1 of the 1 item(s) taken were not reported"), last
+        expected = (
+            f"item {item_id} (attempt 1, report waiting for a broker, "
+            f"lease ends {unreported['lease_expires_at']})"
+        )
+        assert expected in last, last
+        # Back, the broker has the item running still: it runs again once its lease ends.
+        broker.start()
+        assert client.job(job_id)["status"] == "running"
+
+
+def test_a_report_refused_or_past_its_lease_is_not_called_reported(
+    broker_factory: Callable[..., Broker], running: Running, worker_log: WorkerLog
+) -> None:
+    broker = broker_factory("--lease", "2s", "--reap-interval", "500ms")
+    service = unique("let-go")
+    user = unique("rita")
+    seen: list[str] = []
+    with Client(broker.url) as client:
+        jobs = [client.submit(user, [service], [name]) for name in ("first", "second")]
+
+        def handle(item: dict[str, Any]) -> list[Any]:
+            seen.append(item["job_id"])
+            if len(seen) == 1:
+                client.cancel(item["job_id"])  # its report is refused: the attempt has ended
+            else:
+                broker.kill()  # no broker takes its report before its 2 s lease ends
+            return ["done"]
+
+        # A stop timeout that ends the querier's shutdown, which no broker answers, soon.
+        worker = Worker(broker.url, service=service, handler=handle, wait=1, stop_timeout=1)
+        thread = running.start(worker)
+        wait_until(
+            lambda: any("lease ended" in line for line in worker_log.lines), 30, "a lease ended"
+        )
+        worker.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        assert sorted(seen) == sorted(jobs)
+        assert worker.unreported == []
+        last = worker_log.lines[-1]
+        assert last.startswith("stopped: 2 of the 2 item(s) taken were not reported"), last
+        assert "2 no longer this worker's to report" in last, last
+        assert "report refused" in last, last
+        assert "no broker took the report before its lease ended at 20" in last, last
+        broker.start()
+        assert client.job(seen[0])["status"] == "canceled"
+
+
+class DelayingProxy:
+    """An HTTP proxy to a broker that answers every report but a heartbeat 503 until
+    ``until`` (time.monotonic()), as a broker that cannot write would; it forwards the rest."""
+
+    def __init__(self, broker: Broker, until: float) -> None:
+        self.broker = broker
+        self.until = until
+        self.heartbeats_meanwhile = 0
+        proxy = self
+
+        class Forward(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.forward()
+
+            def do_POST(self) -> None:
+                self.forward()
+
+            def forward(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length) if length else b""
+                report = self.path.endswith("/status")
+                if report and time.monotonic() < proxy.until:
+                    if b'"running"' in body:
+                        proxy.heartbeats_meanwhile += 1
+                    else:
+                        self.answer(503, b'{"error":{"code":"unavailable","message":"away"}}')
+                        return
+                headers = {"content-type": self.headers.get("content-type") or "application/json"}
+                answer = httpx.request(
+                    self.command,
+                    proxy.broker.url + self.path,
+                    content=body,
+                    headers=headers,
+                    timeout=90,
+                )
+                self.answer(answer.status_code, answer.content)
+
+            def answer(self, status: int, content: bytes) -> None:
+                self.send_response(status)
+                if status != 204:
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_heartbeats_keep_the_lease_while_a_report_waits(
+    broker_factory: Callable[..., Broker], running: Running
+) -> None:
+    broker = broker_factory("--lease", "2s", "--reap-interval", "500ms")
+    proxy = DelayingProxy(broker, until=float("inf"))
+    service = unique("kept")
+    handler = Runs(0.0)
+    try:
+        with Client(broker.url) as client:
+            job_id = client.submit(unique("sam"), [service], ["G1"])
+            # Reports wait 6 s, three leases of 2 s, from the first.
+            proxy.until = time.monotonic() + 6
+            running.start(Worker(proxy.url, service=service, handler=handler, wait=1))
+            assert client.wait(job_id, timeout=30)["status"] == "successful"
+            (item,) = client.items(job_id)
+            assert (item["attempt"], item["results"]) == (1, ["G1"])
+            assert handler.started == [item["id"]], "the item ran twice"
+            assert proxy.heartbeats_meanwhile >= 3
+    finally:
+        running.stop_all()
+        proxy.close()
+
+
+def test_a_heartbeats_answer_says_when_the_lease_ends() -> None:
+    claimed = time.time() + 10
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(claimed)) + ".25Z"
+    held = _Held({"id": 7, "attempt": 2, "lease_expires_at": stamp})
+    left = held.left()
+    assert left is not None
+    assert 9 < left <= 10.3
+    # The broker says when the lease now ends...
+    held.extended({"id": 7, "status": "running", "lease_expires_at": "2030-01-01T00:00:00Z"})
+    assert held.lease_ends == parse_timestamp("2030-01-01T00:00:00Z")
+    # ...or, an older broker, does not: then a whole lease, as long as the claim's, from now.
+    held = _Held({"id": 7, "attempt": 2, "lease_expires_at": stamp})
+    held.lease_ends = datetime.now(timezone.utc) + timedelta(seconds=1)  # 9 s later
+    held.extended({"id": 7, "status": "running"})
+    left = held.left()
+    assert left is not None
+    assert 9 < left <= 10.3
+    assert _Held({"id": 8, "attempt": 1}).left() is None

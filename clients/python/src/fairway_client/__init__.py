@@ -14,6 +14,7 @@ from ._core import (
     RetryPolicy,
     ServicePolicy,
     TenantPolicy,
+    Urls,
     UserPolicy,
     Verify,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "ServicePolicy",
     "Succeeded",
     "TenantPolicy",
+    "Urls",
     "UserPolicy",
     "Verify",
     "Worker",

@@ -130,14 +130,39 @@ class TenantPolicy(_Policy):
 Verify = Union[bool, str, os.PathLike[str], ssl.SSLContext]
 
 
-def resolve_url(url: str | None) -> str:
-    """The broker's base URL: ``url``, else ``FAIRWAY_URL``, else ``http://127.0.0.1:8080``."""
-    chosen = url or os.environ.get("FAIRWAY_URL") or DEFAULT_URL
-    # Caught here: httpx would take "localhost:8080" for a URL of scheme "localhost" and fail
-    # every request as a transport error, which a worker retries for ever.
-    if not chosen.startswith(("http://", "https://")):
-        raise ValueError(f"the broker's URL must start with http:// or https://, not {chosen!r}")
-    return chosen.rstrip("/")
+#: What ``url=`` takes: one broker's base URL, several as a comma-separated string
+#: (``"http://a:8080,http://b:8080"``), or a list of them.
+Urls = Union[str, Sequence[str]]
+
+
+def resolve_urls(url: Urls | None) -> tuple[str, ...]:
+    """The brokers' base URLs: ``url``, else ``FAIRWAY_URL``, else ``http://127.0.0.1:8080``;
+    each a URL, a comma-separated list of them, or (``url`` only) a list."""
+    chosen: Urls = url or os.environ.get("FAIRWAY_URL") or DEFAULT_URL
+    given = [chosen] if isinstance(chosen, str) else list(chosen)
+    bases: list[str] = []
+    for each in given:
+        if not isinstance(each, str):
+            raise TypeError(f"a broker's URL is a string, not {type(each).__name__}")
+        for part in each.split(","):
+            base = part.strip().rstrip("/")
+            if not base:
+                continue  # "a,b," or "a, ,b": nothing between the commas
+            # Caught here: httpx would take "localhost:8080" for a URL of scheme "localhost"
+            # and fail every request as a transport error, which a worker retries for ever.
+            try:
+                host = httpx.URL(base).host if base.startswith(("http://", "https://")) else ""
+            except httpx.InvalidURL:
+                host = ""
+            if not host:
+                raise ValueError(
+                    f"the broker's URL must start with http:// or https:// and name a host, "
+                    f"not {part.strip()!r}"
+                )
+            bases.append(base)
+    if not bases:
+        raise ValueError(f"no broker's URL in {chosen!r}")
+    return tuple(bases)
 
 
 def resolve_token(token: str | None) -> str | None:
@@ -221,9 +246,116 @@ def decode(response: httpx.Response) -> Any:
     raise FairwayError(status, code, message, wait)
 
 
-def transport_error(error: httpx.HTTPError, call: Call) -> FairwayError:
+def request_kwargs(call: Call, token: str | None) -> dict[str, Any]:
+    """httpx's keyword arguments for ``call``, but its method and URL."""
+    kwargs: dict[str, Any] = {"params": call.params, "headers": {**headers(token), **call.headers}}
+    if call.body is not None:
+        kwargs["json"] = call.body
+    if call.timeout is not None:
+        kwargs["timeout"] = call.timeout
+    return kwargs
+
+
+def transport_error(error: httpx.HTTPError, call: Call, base: str | None = None) -> FairwayError:
+    """A request that got no answer, as a :class:`FairwayError` of status None; ``base`` names
+    the broker when the client has several."""
     detail = str(error) or type(error).__name__
-    return FairwayError(None, "transport", f"{call.method} {call.path}: {detail}")
+    where = f"{base}{call.path}" if base is not None else call.path
+    return FairwayError(None, "transport", f"{call.method} {where}: {detail}")
+
+
+def untrusted_certificate(error: BaseException) -> bool:
+    """Whether ``error`` comes of a broker's certificate that failed verification."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def broker_away(error: httpx.HTTPError) -> bool:
+    """Whether a request that failed with ``error`` never reached a broker (the connection was
+    refused, or never made), so that another broker may be sent it. A certificate that fails
+    verification is not a broker away: it says what to fix, and goes no further."""
+    connect = isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout))
+    return connect and not untrusted_certificate(error)
+
+
+#: A broker's answer that it changed nothing and another broker may answer: 503 (it drains, or
+#: cannot reach its database).
+UNAVAILABLE = 503
+
+
+class Brokers:
+    """The brokers a client sends to, in the order given, and the one it sends to now: the
+    last that answered. A request that finds its broker away (a refused connection, or a 503,
+    which changes nothing, so that sending it again is safe) goes on to the next, each broker
+    once; the answer or error of the last one tried stands. Shared by every request of one
+    client, from any thread."""
+
+    def __init__(self, bases: Sequence[str]) -> None:
+        if not bases:
+            raise ValueError("no broker to send to")
+        self.bases = tuple(bases)
+        #: The index of the broker requests go to first.
+        self.current = 0
+
+    def route(self, call: Call) -> Route:
+        return Route(self, call)
+
+
+class Route:
+    """One call's way through the brokers. The client sends the call to :attr:`url` and gives
+    :meth:`settle` what came of it, until :meth:`settle` answers the response to keep (or
+    raises the transport error that stands)::
+
+        route = brokers.route(call)
+        while True:
+            try:
+                outcome = http.request(call.method, route.url, ...)
+            except httpx.HTTPError as error:
+                outcome = error
+            response = route.settle(outcome)
+            if response is not None:
+                return response
+    """
+
+    def __init__(self, brokers: Brokers, call: Call) -> None:
+        self._brokers = brokers
+        self._call = call
+        first, count = brokers.current, len(brokers.bases)
+        self._order = [(first + step) % count for step in range(count)]
+        self._tried = 0
+
+    @property
+    def base(self) -> str:
+        """The base URL of the broker the call goes to now."""
+        return self._brokers.bases[self._order[self._tried]]
+
+    @property
+    def url(self) -> str:
+        return self.base + self._call.path
+
+    def settle(self, outcome: httpx.Response | httpx.HTTPError) -> httpx.Response | None:
+        """The response that answers the call; None when the call goes on to the next broker
+        (:attr:`url` now names it). Raises the call's :class:`FairwayError` when no answer
+        came and no broker is left to try, or the failure is not one of a broker away."""
+        index = self._order[self._tried]
+        last = self._tried + 1 == len(self._order)
+        if isinstance(outcome, httpx.Response):
+            if outcome.status_code == UNAVAILABLE and not last:
+                self._tried += 1
+                return None
+            self._brokers.current = index
+            return outcome
+        if broker_away(outcome) and not last:
+            self._tried += 1
+            return None
+        several = len(self._order) > 1
+        raise transport_error(outcome, self._call, self.base if several else None) from outcome
 
 
 def job_path(job_id: str, suffix: str = "") -> str:

@@ -20,13 +20,16 @@ from ._core import (
     Step,
     Strategy,
     TenantPolicy,
+    Urls,
     UserPolicy,
     Verify,
 )
 
 
 class AsyncClient:
-    """An asyncio client of the broker at ``url``; see :class:`fairway_client.Client`, whose
+    """An asyncio client of the broker at ``url``, or of several brokers; see
+    :class:`fairway_client.Client`, whose ``url`` (a URL, a comma-separated string or a list:
+    a request moves to the next broker while one refuses the connection or answers 503),
     ``token``, ``timeout``, ``verify`` and ``http`` (here an ``httpx.AsyncClient``) it takes.
 
     ``async with AsyncClient(...) as client:`` closes its connections at the end.
@@ -34,7 +37,7 @@ class AsyncClient:
 
     def __init__(
         self,
-        url: str | None = None,
+        url: Urls | None = None,
         token: str | None = None,
         *,
         timeout: float = _core.REQUEST_TIMEOUT,
@@ -42,7 +45,11 @@ class AsyncClient:
         http: httpx.AsyncClient | None = None,
     ) -> None:
         _core.check_verify(verify, http)
-        self.url = _core.resolve_url(url)
+        #: The brokers' base URLs, in the order given.
+        self.urls = _core.resolve_urls(url)
+        #: The brokers' base URLs, comma-separated (one URL for one broker).
+        self.url = ",".join(self.urls)
+        self._brokers = _core.Brokers(self.urls)
         self._token = _core.resolve_token(token)
         self._http = http or httpx.AsyncClient(timeout=timeout, verify=_core.ssl_verify(verify))
         self._owns_http = http is None
@@ -66,16 +73,18 @@ class AsyncClient:
         return f"AsyncClient({self.url!r})"
 
     async def _send(self, call: Call) -> httpx.Response:
-        headers = {**_core.headers(self._token), **call.headers}
-        kwargs: dict[str, Any] = {"params": call.params, "headers": headers}
-        if call.body is not None:
-            kwargs["json"] = call.body
-        if call.timeout is not None:
-            kwargs["timeout"] = call.timeout
-        try:
-            return await self._http.request(call.method, self.url + call.path, **kwargs)
-        except httpx.HTTPError as error:
-            raise _core.transport_error(error, call) from error
+        """Sends ``call`` to the brokers, as :class:`fairway_client._core.Route` says."""
+        kwargs = _core.request_kwargs(call, self._token)
+        route = self._brokers.route(call)
+        while True:
+            outcome: httpx.Response | httpx.HTTPError
+            try:
+                outcome = await self._http.request(call.method, route.url, **kwargs)
+            except httpx.HTTPError as error:
+                outcome = error
+            response = route.settle(outcome)
+            if response is not None:
+                return response
 
     async def _call(self, call: Call) -> Any:
         return _core.decode(await self._send(call))

@@ -20,16 +20,22 @@ from ._core import (
     Step,
     Strategy,
     TenantPolicy,
+    Urls,
     UserPolicy,
     Verify,
 )
 
 
 class Client:
-    """A client of the broker at ``url``.
+    """A client of the broker at ``url``, or of several brokers.
 
-    ``url`` defaults to ``FAIRWAY_URL``, then ``http://127.0.0.1:8080``; ``token`` (sent as a
-    bearer token) to ``FAIRWAY_TOKEN``. Every refusal raises :class:`fairway_client.FairwayError`
+    ``url`` is a broker's base URL, several as a comma-separated string
+    (``"http://a:8080,http://b:8080"``) or a list of them; it defaults to ``FAIRWAY_URL`` (the
+    same), then ``http://127.0.0.1:8080``. Given several, a request goes to the broker that
+    answered last, and on to the next while one refuses the connection or answers 503
+    (draining, or its database away: the broker changed nothing, so sending again is safe);
+    past the last broker tried, its answer or error stands. ``token`` (sent as a bearer token)
+    defaults to ``FAIRWAY_TOKEN``. Every refusal raises :class:`fairway_client.FairwayError`
     with the HTTP status, the API's error code and its message; a broker that cannot be reached
     raises it with ``status`` None. Safe to share between threads; close it (or use it as a
     context manager) to free its connections.
@@ -43,7 +49,7 @@ class Client:
 
     def __init__(
         self,
-        url: str | None = None,
+        url: Urls | None = None,
         token: str | None = None,
         *,
         timeout: float = _core.REQUEST_TIMEOUT,
@@ -51,7 +57,11 @@ class Client:
         http: httpx.Client | None = None,
     ) -> None:
         _core.check_verify(verify, http)
-        self.url = _core.resolve_url(url)
+        #: The brokers' base URLs, in the order given.
+        self.urls = _core.resolve_urls(url)
+        #: The brokers' base URLs, comma-separated (one URL for one broker).
+        self.url = ",".join(self.urls)
+        self._brokers = _core.Brokers(self.urls)
         self._token = _core.resolve_token(token)
         self._http = http or httpx.Client(timeout=timeout, verify=_core.ssl_verify(verify))
         self._owns_http = http is None
@@ -74,18 +84,22 @@ class Client:
     def __repr__(self) -> str:
         return f"Client({self.url!r})"
 
+    def _send(self, call: Call) -> httpx.Response:
+        """Sends ``call`` to the brokers, as :class:`fairway_client._core.Route` says."""
+        kwargs = _core.request_kwargs(call, self._token)
+        route = self._brokers.route(call)
+        while True:
+            outcome: httpx.Response | httpx.HTTPError
+            try:
+                outcome = self._http.request(call.method, route.url, **kwargs)
+            except httpx.HTTPError as error:
+                outcome = error
+            response = route.settle(outcome)
+            if response is not None:
+                return response
+
     def _call(self, call: Call) -> Any:
-        headers = {**_core.headers(self._token), **call.headers}
-        kwargs: dict[str, Any] = {"params": call.params, "headers": headers}
-        if call.body is not None:
-            kwargs["json"] = call.body
-        if call.timeout is not None:
-            kwargs["timeout"] = call.timeout
-        try:
-            response = self._http.request(call.method, self.url + call.path, **kwargs)
-        except httpx.HTTPError as error:
-            raise _core.transport_error(error, call) from error
-        return _core.decode(response)
+        return _core.decode(self._send(call))
 
     # Producers.
 

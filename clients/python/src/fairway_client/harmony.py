@@ -92,7 +92,7 @@ from urllib.parse import unquote, urlparse
 
 from . import _core
 from ._errors import FairwayError, PermanentError
-from .worker import Succeeded, Worker
+from .worker import STOP_TIMEOUT, Succeeded, Worker
 
 log = logging.getLogger("fairway_client.harmony")
 
@@ -439,7 +439,10 @@ def parser() -> argparse.ArgumentParser:
     )
     env = os.environ.get
     parser.add_argument(
-        "--url", default=env("FAIRWAY_URL"), help=f"the broker (FAIRWAY_URL; {_core.DEFAULT_URL})"
+        "--url",
+        default=env("FAIRWAY_URL"),
+        help="the broker, or several comma-separated: a request moves on to the next while one "
+        f"refuses the connection or answers 503 (FAIRWAY_URL; {_core.DEFAULT_URL})",
     )
     parser.add_argument(
         "--token", default=env("FAIRWAY_TOKEN"), help="bearer token (FAIRWAY_TOKEN)"
@@ -476,6 +479,14 @@ def parser() -> argparse.ArgumentParser:
         help="seconds between heartbeats of an item being worked, at most half the lease: a "
         f"canceled job's service is killed at the next one ({DEFAULT_HEARTBEAT:g})",
     )
+    parser.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=STOP_TIMEOUT,
+        help="seconds the worker goes on after SIGTERM, finishing the items it holds and "
+        "delivering their reports, before it exits 1 naming those it could not report; keep it "
+        f"under the pod's termination grace period ({STOP_TIMEOUT:g})",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (INFO)")
     return parser
 
@@ -511,6 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             wait=args.wait,
             strategy=args.strategy,
             heartbeat=args.heartbeat,
+            stop_timeout=args.stop_timeout,
         )
     except ValueError as error:
         print(f"fairway-harmony: {error}", file=sys.stderr)
@@ -520,7 +532,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FairwayError as error:
         log.error("the broker refused this worker's claims: %s", error)
         return 1
-    return 0
+    # Stopped with reports undelivered, as `fairway worker` does.
+    return 1 if worker.unreported else 0
 
 
 if __name__ == "__main__":
