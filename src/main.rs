@@ -4,7 +4,7 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -78,7 +78,13 @@ struct ServeCommand {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // The release and the schema this build carries, as `fairway --version` prints them: a
+    // string made once, for the life of the process.
+    let version: &'static str = Box::leak(fairway_broker::db::build_description().into_boxed_str());
+    let cli = match Cli::from_arg_matches(&Cli::command().version(version).get_matches()) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
     let traces = match &cli.command {
         Command::Serve(command) => match Traces::start(&command.serve.traces) {
             Ok(traces) => traces,

@@ -62,6 +62,7 @@ const ROUTES: &[(&str, &str, &str, Scope)] = &[
     ("GET", "/admin/user-work", "admin reader", Scope::None),
     ("GET", "/admin/shares", "admin reader", Scope::None),
     ("GET", "/admin/services", "admin reader", Scope::None),
+    ("GET", "/admin/version", "admin reader", Scope::None),
     ("GET", "/admin/services/{service}", "admin reader", Scope::None),
     ("PUT", "/admin/services/{service}", "admin", Scope::None),
     ("GET", "/admin/consistency", "admin reader", Scope::None),

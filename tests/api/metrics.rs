@@ -113,7 +113,14 @@ async fn metrics_follow_items_through_their_lives() {
     let svc = "metered";
 
     let scraped = scrape(&app).await;
-    assert_eq!(scraped.get("fairway_build_info", &[("version", env!("CARGO_PKG_VERSION"))]), 1.0);
+    let revision = fairway_broker::db::functions::REVISION.to_string();
+    let migration = fairway_broker::db::migrations::latest();
+    let build = [
+        ("version", env!("CARGO_PKG_VERSION")),
+        ("functions_revision", revision.as_str()),
+        ("schema_migration", migration.as_str()),
+    ];
+    assert_eq!(scraped.get("fairway_build_info", &build), 1.0);
     assert_eq!(scraped.value("fairway_work_items", &pairs(&items(svc, "ready"))), None);
     assert_eq!(scraped.get("fairway_db_pool_max_connections", &[]), 40.0);
 

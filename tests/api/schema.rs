@@ -234,3 +234,33 @@ async fn function_oids_and_install_time(db: &tokio_postgres::Client) -> (Vec<u32
         .get(0);
     (oids, installed_at)
 }
+
+/// Which build a broker is, and what its database holds: the same three things in
+/// `GET /admin/version` and in `fairway --version`.
+#[tokio::test]
+async fn a_broker_says_its_version_revision_and_migration_and_the_databases() {
+    let app = spawn_app().await;
+    let answer: serde_json::Value = app.get("/admin/version").await.json().await.expect("JSON");
+    let latest = migrations::latest();
+    assert!(latest.starts_with('V') && latest.contains("__"), "{latest}");
+    let expected = serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "functions_revision": REVISION,
+        "schema_migration": latest,
+        "database": { "functions_revision": REVISION, "schema_migration": latest },
+    });
+    assert_eq!(answer, expected);
+
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_fairway"))
+        .arg("--version")
+        .output()
+        .await
+        .expect("run fairway --version");
+    assert!(output.status.success());
+    let printed = String::from_utf8_lossy(&output.stdout);
+    let line = format!(
+        "fairway {} (server functions revision {REVISION}, schema {latest})",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(printed.trim(), line);
+}

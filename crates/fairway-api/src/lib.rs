@@ -2,6 +2,7 @@
 //! strategies, the documents and pages the API answers with, and their validation. Everything
 //! here parses once at the boundary; it knows neither HTTP nor PostgreSQL.
 
+pub mod build;
 mod error;
 pub mod model;
 pub mod pages;

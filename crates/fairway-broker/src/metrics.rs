@@ -198,10 +198,13 @@ impl Metrics {
         registry.register(Box::new(maintenance_leader.clone()))?;
         let build_info = int_gauge(
             "fairway_build_info",
-            "Always 1; the broker's version is in the label.",
-            &["version"],
+            "Always 1; the broker's release, the revision of the server functions it carries \
+             and its last schema migration are in the labels.",
+            &["version", "functions_revision", "schema_migration"],
         )?;
-        build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        let revision = crate::db::functions::REVISION.to_string();
+        let migration = crate::db::migrations::latest();
+        build_info.with_label_values(&[env!("CARGO_PKG_VERSION"), &revision, &migration]).set(1);
         Ok(Self {
             claims: counter(
                 "fairway_claims_total",

@@ -12,6 +12,7 @@ use super::error::{ApiError, ErrorBody};
 use super::{endpoint, non_empty, Traffic};
 use crate::auth::{check_tenant, Caller};
 use chrono::{DateTime, Utc};
+use fairway_api::build::VersionDocument;
 use fairway_api::model::{JobStatus, UserName};
 use fairway_api::model::{
     Mismatch, ServiceName, StrategyUsage, TenantName, UserShare, UserWorkCursor, UserWorkRow,
@@ -31,6 +32,7 @@ pub fn routes(config: &mut web::ServiceConfig) {
         .service(endpoint("/admin/user-work").route(web::get().to(user_work)))
         .service(endpoint("/admin/shares").route(web::get().to(shares)))
         .service(endpoint("/admin/services").route(web::get().to(services)))
+        .service(endpoint("/admin/version").route(web::get().to(version)))
         .service(
             endpoint("/admin/services/{service}")
                 .route(web::get().to(service_policy))
@@ -497,6 +499,14 @@ async fn waiting_workers(broker: web::Data<Broker>) -> HttpResponse {
 async fn metrics(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
     let text = broker.maintenance().metrics_text().await?;
     Ok(HttpResponse::Ok().content_type(fairway_broker::metrics::content_type()).body(text))
+}
+
+/// Which build this broker is: its release, the server-function revision and the last schema
+/// migration it carries, and what the database holds of each.
+#[utoipa::path(get, path = "/admin/version", tag = "admin",
+    responses((status = 200, description = "This broker's build and its database's schema.", body = VersionDocument)))]
+async fn version(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(broker.maintenance().version().await?))
 }
 
 /// A probe's answer.

@@ -61,6 +61,7 @@ pub const ROUTES: &[(&str, &str, Access)] = &[
     ("GET", "/admin/user-work", OBSERVE),
     ("GET", "/admin/shares", OBSERVE),
     ("GET", "/admin/services", OBSERVE),
+    ("GET", "/admin/version", OBSERVE),
     ("GET", "/admin/services/{service}", OBSERVE),
     ("PUT", "/admin/services/{service}", ADMIN),
     ("GET", "/admin/consistency", OBSERVE),

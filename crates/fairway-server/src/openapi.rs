@@ -47,6 +47,7 @@ use super::{admin, error, producers, tokens, workers};
         admin::metrics,
         admin::healthz,
         admin::readyz,
+        admin::version,
         admin::prestop,
     ),
     components(schemas(error::ErrorBody, producers::JobAction, admin::BulkJobAction)),

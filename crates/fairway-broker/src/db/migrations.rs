@@ -95,6 +95,18 @@ async fn refuse_unknown_schema(client: &tokio_postgres::Client) -> Result<(), Db
     Ok(())
 }
 
+/// The last migration this build carries, as `V<n>__<name>`.
+pub fn latest() -> String {
+    embedded::migrations::runner()
+        .get_migrations()
+        .iter()
+        .max_by_key(|migration| migration.version())
+        .map_or_else(
+            || "none".to_owned(),
+            |migration| format!("V{}__{}", migration.version(), migration.name()),
+        )
+}
+
 /// SHA-256 over every migration and the function set: equal digests, equal schemas.
 pub fn digest() -> String {
     let mut hasher = Sha256::new();

@@ -23,6 +23,28 @@ row! {
     }
 }
 
+statement! {
+    /// The server functions' revision and the last migration the database holds.
+    InstalledSchema = "installed_schema" -> InstalledSchemaRow {}
+}
+
+row! {
+    InstalledSchemaRow {
+        functions_revision: Option<i32>,
+        schema_migration: Option<String>,
+    }
+}
+
+/// This build, in words: the release, and the schema it carries.
+pub fn build_description() -> String {
+    format!(
+        "{} (server functions revision {}, schema {})",
+        env!("CARGO_PKG_VERSION"),
+        functions::REVISION,
+        migrations::latest()
+    )
+}
+
 /// Why the pool handed out no connection: for one it could not make, the driver's error alone,
 /// since the pool's wrapper adds only "Error occurred while creating a new object".
 pub fn describe_pool_error(error: &PoolError) -> String {

@@ -1,15 +1,33 @@
 //! What operators read to see and check the fair order: the user_work rows, the users' shares,
-//! the strategies' usage and the consistency recount.
+//! the strategies' usage and the consistency recount; and which build a broker is beside what
+//! its database holds.
 
 use super::statements::{ListUserShares, ListUserWork, StrategyUsageOf};
 use super::Maintenance;
 use crate::core::snapshot;
 use crate::counters;
-use crate::db::sql;
+use crate::db::{self, sql, InstalledSchema};
 use crate::error::BrokerError;
+use fairway_api::build::{InstalledDocument, VersionDocument};
 use fairway_api::model::{Mismatch, StrategyUsage, UserShare, UserWorkCursor, UserWorkRow};
 
 impl Maintenance {
+    /// This broker's build, and the schema its database holds: during an upgrade, brokers of
+    /// two builds answer differently, and the database says which schema they share.
+    pub async fn version(&self) -> Result<VersionDocument, BrokerError> {
+        let client = self.core.client().await?;
+        let installed = sql::fetch_one(&client, &InstalledSchema {}).await?;
+        Ok(VersionDocument {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            functions_revision: db::functions::REVISION,
+            schema_migration: db::migrations::latest(),
+            database: InstalledDocument {
+                functions_revision: installed.functions_revision,
+                schema_migration: installed.schema_migration,
+            },
+        })
+    }
+
     /// Up to `limit` rows of the user_work table after `after` (from the start when None),
     /// optionally for one service and one user.
     pub async fn user_work(
