@@ -92,10 +92,13 @@ fn is_untrusted_certificate(error: &reqwest::Error) -> bool {
 }
 
 impl ClientError {
-    /// Whether asking again later may succeed: the broker or its database was unavailable.
+    /// Whether asking again later may succeed: the broker or its database was unavailable, or
+    /// the broker asked for fewer requests (429).
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Api { status, .. } | Self::Unexpected { status, .. } => status.is_server_error(),
+            Self::Api { status, .. } | Self::Unexpected { status, .. } => {
+                status.is_server_error() || *status == StatusCode::TOO_MANY_REQUESTS
+            }
             Self::Transport(_) => !self.is_untrusted_certificate(),
             Self::CaCert { .. } | Self::Url(_) => false,
         }

@@ -85,6 +85,8 @@ struct Shared {
     /// Items that stopped being this worker's before their report landed: canceled, or their
     /// leases ended.
     given_up: AtomicU32,
+    /// Items taken, for the last line.
+    taken: AtomicU32,
 }
 
 /// An item taken and not yet reported.
@@ -139,6 +141,7 @@ impl Shared {
     }
 
     fn hold(&self, item: &WorkItem) {
+        self.taken.fetch_add(1, Ordering::Relaxed);
         let held = Held {
             attempt: item.attempt,
             lease_ends: item.lease_expires_at,
@@ -216,6 +219,7 @@ pub async fn run(args: WorkerArgs) -> Result<(), CliError> {
         probe: tokio::sync::Mutex::new(()),
         held: Mutex::new(BTreeMap::new()),
         given_up: AtomicU32::new(0),
+        taken: AtomicU32::new(0),
     });
     tracing::info!(
         service = args.service,
@@ -263,12 +267,14 @@ pub async fn run(args: WorkerArgs) -> Result<(), CliError> {
         tracing::error!("{message}");
         return Err(CliError::Found(message));
     }
+    let taken = shared.taken.load(Ordering::Relaxed);
     match shared.given_up.load(Ordering::Relaxed) {
-        0 => tracing::info!("stopped: every item taken was reported"),
+        0 => tracing::info!(taken, "stopped: every item taken was reported"),
         given_up => tracing::warn!(
+            taken,
             given_up,
-            "stopped: every item taken was reported, but for {given_up} that stopped being this \
-             worker's first (canceled, or their leases ended)"
+            "stopped: {given_up} of the {taken} items taken were not reported: they stopped being \
+             this worker's first (canceled, or their leases ended)"
         ),
     }
     match shared.fatal.get() {
