@@ -81,6 +81,7 @@ const ROUTES: &[(&str, &str, &str, Scope)] = &[
     ("GET", "/metrics", "open", Scope::None),
     ("GET", "/healthz", "open", Scope::None),
     ("GET", "/readyz", "open", Scope::None),
+    ("GET", "/prestop", "open", Scope::None),
 ];
 
 fn role_name(who: Who) -> &'static str {

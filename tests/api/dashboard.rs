@@ -457,6 +457,14 @@ async fn the_jobs_page_finds_a_users_job_shows_it_and_pauses_it() {
         ],
         "the step's counts are the API's"
     );
+    // The items come in a request of their own, after the job's status.
+    browser
+        .client
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::Css("#job-items tbody tr"))
+        .await
+        .expect("the job's items are shown");
     let items = browser.table("#job-items").await;
     assert_eq!(items.len(), 3, "{items:?}");
     assert_eq!(items.iter().filter(|row| row[2] == "running").count(), 1, "{items:?}");

@@ -118,7 +118,7 @@ impl ServeArgs {
             idempotency_ttl: Duration::from_secs(24 * 60 * 60),
             querier_forget_delay: Duration::from_secs(60),
             shutdown_timeout: Duration::from_secs(20),
-            prestop_delay: Duration::from_secs(5),
+            prestop_delay: Duration::from_millis(100),
             max_body_bytes: 1024 * 1024,
             long_poll_max: Duration::from_secs(60),
             batches: BatchArgs { claim_lanes: 4, ending_lanes: 1, batch_max: 32 },
