@@ -42,6 +42,8 @@ FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /fairway /usr/local/bin/fairway
 # A cluster's broker uses the cluster's database, never one of its own.
 ENV FAIRWAY_NO_EMBEDDED_POSTGRES=true
+# The release, as `make version` sets it everywhere.
+LABEL org.opencontainers.image.version="0.1.0"
 # distroless' `nonroot` user and group.
 USER 65532:65532
 EXPOSE 8080

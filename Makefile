@@ -20,7 +20,7 @@ TEST_TOOLS = FAIRWAY_TEST_PYTHON=$(abspath $(PYTOOLS))/bin/python FAIRWAY_TEST_K
 # Test-only code the tests compile in: crates/fairway-broker/src/faults.rs.
 TEST_FEATURES := --features fairway/fault-injection
 
-.PHONY: run test requirements lint bench bench-quick bench-scale demo k8s-validate chaos soak
+.PHONY: run test requirements lint bench bench-quick bench-scale demo k8s-validate chaos soak version
 
 ## Build and start the broker on 127.0.0.1:8080, on its private PostgreSQL unless DATABASE_URL is set.
 run:
@@ -118,3 +118,14 @@ demo:
 		./target/release/fairway serve --bind 127.0.0.1:8091 & broker=$$!; \
 		./target/release/fairway demo --url http://127.0.0.1:8091 --out $(DEMO_OUT); status=$$?; \
 		kill $$broker; wait $$broker; exit $$status'
+
+## Set the release version everywhere it is written: the workspace's Cargo.toml (the binary, the
+## Rust client and the wire types), the Python package and the image's label, then Cargo.lock.
+## `make version VERSION=0.2.0`; tests/api/workspace.rs checks that every place agrees.
+version:
+	@echo "$(VERSION)" | grep -Eq '^[0-9]+\.[0-9]+\.[0-9]+$$' \
+		|| { echo "usage: make version VERSION=x.y.z" >&2; exit 1; }
+	sed -i -E 's/^version = "[^"]+"$$/version = "$(VERSION)"/' Cargo.toml clients/python/pyproject.toml
+	sed -i -E 's/^(fairway-(api|client) = \{ path = "[^"]+", version = ")[^"]+"/\1$(VERSION)"/' Cargo.toml
+	sed -i -E 's/(org\.opencontainers\.image\.version=")[^"]+"/\1$(VERSION)"/' Dockerfile
+	$(CARGO) update --workspace --offline --quiet

@@ -306,3 +306,26 @@ fn server_functions_live_only_in_sql() {
         );
     }
 }
+
+/// A release's version is written in a few places, which `make version` sets together: the
+/// workspace's (the binary's and the Rust client's, `CARGO_PKG_VERSION`), the published crates'
+/// dependency lines, the Python package's and the image's label. They agree.
+#[test]
+fn the_version_is_the_same_everywhere_it_is_written() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let version = env!("CARGO_PKG_VERSION");
+    let read = |path: &str| std::fs::read_to_string(root.join(path)).expect("a readable file");
+    let cargo = read("Cargo.toml");
+    for name in ["fairway-api", "fairway-client"] {
+        let line = cargo
+            .lines()
+            .find(|line| line.starts_with(&format!("{name} = {{")))
+            .unwrap_or_else(|| panic!("no dependency line for {name}"));
+        assert!(line.contains(&format!("version = \"{version}\"")), "{line}");
+    }
+    let python = read("clients/python/pyproject.toml");
+    assert!(python.lines().any(|line| line == format!("version = \"{version}\"")), "pyproject");
+    let image = read("Dockerfile");
+    let label = format!("LABEL org.opencontainers.image.version=\"{version}\"");
+    assert!(image.lines().any(|line| line == label), "the image's label is not {version}");
+}

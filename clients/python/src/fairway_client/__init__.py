@@ -7,6 +7,8 @@ Producers use :class:`Client` (or :class:`AsyncClient`); a service's pods run a
 :mod:`fairway_client.harmony`.
 """
 
+from importlib.metadata import version
+
 from ._core import (
     FINISHED_STATUSES,
     Backoff,
@@ -23,7 +25,8 @@ from .aio import AsyncClient
 from .client import Client
 from .worker import Succeeded, Worker, default_querier
 
-__version__ = "0.1.0"
+#: The installed package's version, which is the broker's release it was made with.
+__version__ = version("fairway-client")
 
 #: The broker versions this client speaks to (see the README).
 BROKER_VERSIONS = ">=0.1.0,<0.2.0"
