@@ -19,11 +19,13 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import httpx
 import pytest
@@ -331,3 +333,62 @@ def broker_factory(
     yield start
     for server in started:
         server.stop()
+
+
+Responder = Callable[[BaseHTTPRequestHandler, bytes], None]
+
+
+class StandIn:
+    """An HTTP server standing in for a broker, or a proxy in front of one, on a thread of its
+    own: ``respond(request, body)`` answers every GET and POST, ``url`` is where it listens."""
+
+    def __init__(self, respond: Responder) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.respond()
+
+            def do_POST(self) -> None:
+                self.respond()
+
+            def respond(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                respond(self, self.rfile.read(length) if length else b"")
+
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 64  # a worker's first requests connect at once
+            daemon_threads = True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def answer(
+    request: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict[str, str] | None = None
+) -> None:
+    """Writes a JSON answer (none for a 204) with ``headers`` besides."""
+    request.send_response(status)
+    if status != 204:
+        request.send_header("content-type", "application/json")
+        request.send_header("content-length", str(len(body)))
+    for name, value in (headers or {}).items():
+        request.send_header(name, value)
+    request.end_headers()
+    request.wfile.write(body)
+
+
+def forward(request: BaseHTTPRequestHandler, broker_url: str, body: bytes) -> httpx.Response:
+    """Sends ``request`` on to the broker at ``broker_url``; answers the broker's answer."""
+    headers = {"content-type": request.headers.get("content-type") or "application/json"}
+    return httpx.request(
+        request.command, broker_url + request.path, content=body, headers=headers, timeout=90
+    )

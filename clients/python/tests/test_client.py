@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import threading
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import httpx
 import pytest
 
-from conftest import Broker, TlsBroker, free_port, unique, wait_until
+from conftest import Broker, StandIn, TlsBroker, answer, free_port, unique, wait_until
 from fairway_client import (
     AsyncClient,
     Client,
@@ -625,45 +624,17 @@ def test_async_user_and_tenant_policy(broker: Broker) -> None:
 # Several brokers: a request moves on past a broker that refuses the connection or answers 503.
 
 
-class Draining:
+class Draining(StandIn):
     """A stand-in for a draining broker: it answers every request 503, and counts them."""
 
     def __init__(self) -> None:
         self.requests = 0
-        stand_in = self
 
-        class Answer(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+        def respond(request: BaseHTTPRequestHandler, body: bytes) -> None:
+            self.requests += 1
+            answer(request, 503, b'{"error":{"code":"shutting_down","message":"draining"}}')
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                self.answer()
-
-            def do_POST(self) -> None:
-                self.answer()
-
-            def answer(self) -> None:
-                length = int(self.headers.get("content-length") or 0)
-                if length:
-                    self.rfile.read(length)
-                stand_in.requests += 1
-                body = b'{"error":{"code":"shutting_down","message":"draining"}}'
-                self.send_response(503)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(respond)
 
 
 def test_a_client_given_several_brokers_moves_past_a_refused_connection(

@@ -16,14 +16,14 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Callable
 
 import httpx
 import pytest
 
-from conftest import Broker, TlsBroker, unique, wait_until
+from conftest import Broker, StandIn, TlsBroker, answer, forward, unique, wait_until
 from fairway_client import Client, FairwayError, PermanentError, Release, Worker, default_querier
 from fairway_client.worker import Handler, _Held, heartbeat_period, parse_timestamp
 
@@ -549,7 +549,7 @@ def test_report_is_resent_after_a_broker_restart(
         assert (item["attempt"], item["results"]) == (1, ["made it"])
 
 
-class LosingProxy:
+class LosingProxy(StandIn):
     """An HTTP proxy to a broker that loses the answer to the first successful report: it
     forwards it, restarts the broker, and closes the worker's connection without answering.
     Every report and its answer are recorded."""
@@ -559,59 +559,24 @@ class LosingProxy:
         self.reports: list[tuple[str, bytes, int, bytes]] = []
         self.lost = False
         self.restarted = threading.Event()
-        proxy = self
 
-        class Forward(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+        def respond(request: BaseHTTPRequestHandler, body: bytes) -> None:
+            try:
+                answered = forward(request, broker.url, body)
+            except httpx.HTTPError:
+                request.close_connection = True
+                return
+            if request.path.endswith("/status") and b'"successful"' in body:
+                self.reports.append((request.path, body, answered.status_code, answered.content))
+                if not self.lost:
+                    self.lost = True
+                    broker.restart()
+                    self.restarted.set()
+                    request.close_connection = True
+                    return  # the answer is lost
+            answer(request, answered.status_code, answered.content)
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                self.forward()
-
-            def do_POST(self) -> None:
-                self.forward()
-
-            def forward(self) -> None:
-                length = int(self.headers.get("content-length") or 0)
-                body = self.rfile.read(length) if length else b""
-                headers = {"content-type": self.headers.get("content-type") or "application/json"}
-                try:
-                    answer = httpx.request(
-                        self.command,
-                        proxy.broker.url + self.path,
-                        content=body,
-                        headers=headers,
-                        timeout=90,
-                    )
-                except httpx.HTTPError:
-                    self.close_connection = True
-                    return
-                if self.path.endswith("/status") and b'"successful"' in body:
-                    proxy.reports.append((self.path, body, answer.status_code, answer.content))
-                    if not proxy.lost:
-                        proxy.lost = True
-                        proxy.broker.restart()
-                        proxy.restarted.set()
-                        self.close_connection = True
-                        return  # the answer is lost
-                self.send_response(answer.status_code)
-                if answer.status_code != 204:
-                    self.send_header("content-type", answer.headers.get("content-type", ""))
-                    self.send_header("content-length", str(len(answer.content)))
-                self.end_headers()
-                self.wfile.write(answer.content)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(respond)
 
 
 def test_a_report_whose_answer_was_lost_is_resent_and_answered_the_same(
@@ -639,7 +604,7 @@ def test_a_report_whose_answer_was_lost_is_resent_and_answered_the_same(
         proxy.close()
 
 
-class UnavailableBroker:
+class UnavailableBroker(StandIn):
     """A stand-in for a broker that answers every request 503 with ``Retry-After: 1``, counting
     the work requests and the querier shutdowns it gets. Once ``back`` is set it answers 404
     instead, as a broker that never saw the querier, so that the worker's shutdown ends."""
@@ -649,56 +614,23 @@ class UnavailableBroker:
         self.shutdowns = 0
         self.back = False
         self.lock = threading.Lock()
-        stand_in = self
 
-        class Answer(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+        def respond(request: BaseHTTPRequestHandler, body: bytes) -> None:
+            with self.lock:
+                if request.command == "GET" and request.path.startswith("/work?"):
+                    self.work_requests += 1
+                if request.command == "POST" and request.path.endswith("/shutdown"):
+                    self.shutdowns += 1
+                back = self.back
+            if back:
+                status, error = 404, {"code": "querier_not_found", "message": "no querier"}
+                headers = {"connection": "close"}
+            else:
+                status, error = 503, {"code": "shutting_down", "message": "stopping"}
+                headers = {"retry-after": "1", "connection": "close"}
+            answer(request, status, json.dumps({"error": error}).encode(), headers)
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                self.answer()
-
-            def do_POST(self) -> None:
-                self.answer()
-
-            def answer(self) -> None:
-                length = int(self.headers.get("content-length") or 0)
-                if length:
-                    self.rfile.read(length)
-                with stand_in.lock:
-                    if self.command == "GET" and self.path.startswith("/work?"):
-                        stand_in.work_requests += 1
-                    if self.command == "POST" and self.path.endswith("/shutdown"):
-                        stand_in.shutdowns += 1
-                    back = stand_in.back
-                if back:
-                    status, error = 404, {"code": "querier_not_found", "message": "no querier"}
-                else:
-                    status, error = 503, {"code": "shutting_down", "message": "stopping"}
-                body = json.dumps({"error": error}).encode()
-                self.send_response(status)
-                if not back:
-                    self.send_header("retry-after", "1")
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.send_header("connection", "close")
-                self.end_headers()
-                self.wfile.write(body)
-
-        class Server(ThreadingHTTPServer):
-            request_queue_size = 64  # the eight first requests connect at once
-            daemon_threads = True
-
-        self.server = Server(("127.0.0.1", 0), Answer)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(respond)
 
 
 def test_a_worker_facing_a_broker_answering_only_503_asks_about_once_a_second(
@@ -975,7 +907,7 @@ def test_a_report_refused_or_past_its_lease_is_not_called_reported(
         assert client.job(seen[0])["status"] == "canceled"
 
 
-class DelayingProxy:
+class DelayingProxy(StandIn):
     """An HTTP proxy to a broker that answers every report but a heartbeat 503 until
     ``until`` (time.monotonic()), as a broker that cannot write would; it forwards the rest."""
 
@@ -983,57 +915,17 @@ class DelayingProxy:
         self.broker = broker
         self.until = until
         self.heartbeats_meanwhile = 0
-        proxy = self
 
-        class Forward(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+        def respond(request: BaseHTTPRequestHandler, body: bytes) -> None:
+            if request.path.endswith("/status") and time.monotonic() < self.until:
+                if b'"running"' not in body:
+                    answer(request, 503, b'{"error":{"code":"unavailable","message":"away"}}')
+                    return
+                self.heartbeats_meanwhile += 1
+            answered = forward(request, broker.url, body)
+            answer(request, answered.status_code, answered.content)
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                self.forward()
-
-            def do_POST(self) -> None:
-                self.forward()
-
-            def forward(self) -> None:
-                length = int(self.headers.get("content-length") or 0)
-                body = self.rfile.read(length) if length else b""
-                report = self.path.endswith("/status")
-                if report and time.monotonic() < proxy.until:
-                    if b'"running"' in body:
-                        proxy.heartbeats_meanwhile += 1
-                    else:
-                        self.answer(503, b'{"error":{"code":"unavailable","message":"away"}}')
-                        return
-                headers = {"content-type": self.headers.get("content-type") or "application/json"}
-                answer = httpx.request(
-                    self.command,
-                    proxy.broker.url + self.path,
-                    content=body,
-                    headers=headers,
-                    timeout=90,
-                )
-                self.answer(answer.status_code, answer.content)
-
-            def answer(self, status: int, content: bytes) -> None:
-                self.send_response(status)
-                if status != 204:
-                    self.send_header("content-type", "application/json")
-                    self.send_header("content-length", str(len(content)))
-                self.end_headers()
-                self.wfile.write(content)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(respond)
 
 
 def test_heartbeats_keep_the_lease_while_a_report_waits(
