@@ -264,3 +264,96 @@ async fn a_broker_says_its_version_revision_and_migration_and_the_databases() {
     );
     assert_eq!(printed.trim(), line);
 }
+
+/// The last migration of release 0.1.0, made before the rule that a release's migrations only
+/// expand the schema: every later one is held to it.
+const LAST_MIGRATION_BEFORE_THE_RULE: u32 = 19;
+
+/// What a migration contracts, in words, or None when it only adds: a statement that an older
+/// broker still running beside it could trip over (a table, a column or a name it reads gone,
+/// a type it writes changed, a column it leaves out made mandatory).
+fn contraction(sql: &str) -> Option<&'static str> {
+    let text: String = sql
+        .lines()
+        .map(|line| line.split("--").next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_uppercase()
+        .replace(';', " ; ")
+        .replace(',', " , ");
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let has = |phrase: &[&str]| words.windows(phrase.len()).any(|window| window == phrase);
+    let statements: Vec<&str> = text.split(';').collect();
+    let adds_a_mandatory_column = statements.iter().any(|statement| {
+        let statement: Vec<&str> = statement.split_whitespace().collect();
+        let adds = statement.windows(2).any(|w| w == ["ADD", "COLUMN"]);
+        let mandatory = statement.windows(2).any(|w| w == ["NOT", "NULL"]);
+        adds && mandatory && !statement.contains(&"DEFAULT")
+    });
+    if has(&["DROP", "TABLE"]) {
+        Some("drops a table")
+    } else if has(&["DROP", "COLUMN"]) {
+        Some("drops a column")
+    } else if has(&["RENAME"]) {
+        Some("renames")
+    } else if has(&["SET", "NOT", "NULL"]) {
+        Some("makes a column mandatory")
+    } else if has(&["TYPE"]) && has(&["ALTER", "COLUMN"]) {
+        Some("changes a column's type")
+    } else if adds_a_mandatory_column {
+        Some("adds a mandatory column without a default")
+    } else {
+        None
+    }
+}
+
+#[test]
+fn contractions_are_told_apart_from_additions() {
+    let additions = [
+        "ALTER TABLE users ADD COLUMN tier smallint NOT NULL DEFAULT 3;",
+        "CREATE TABLE order_clocks (service text PRIMARY KEY); -- not DROP TABLE, a comment",
+        "CREATE INDEX users_tier ON users (tier); ALTER TABLE users ADD COLUMN pass bigint;",
+    ];
+    for sql in additions {
+        assert_eq!(contraction(sql), None, "{sql}");
+    }
+    let contractions = [
+        ("DROP TABLE pruned_work;", "drops a table"),
+        ("ALTER TABLE users DROP COLUMN weight;", "drops a column"),
+        ("ALTER TABLE users RENAME COLUMN weight TO share_weight;", "renames"),
+        ("ALTER TABLE users ALTER COLUMN weight SET NOT NULL;", "makes a column mandatory"),
+        ("ALTER TABLE users ALTER COLUMN weight TYPE bigint;", "changes a column's type"),
+        (
+            "ALTER TABLE users ADD COLUMN tier smallint NOT NULL;",
+            "adds a mandatory column without a default",
+        ),
+    ];
+    for (sql, what) in contractions {
+        assert_eq!(contraction(sql), Some(what), "{sql}");
+    }
+}
+
+/// Within a release the migrations only expand the schema, so that brokers of the release
+/// before keep working beside them during a rolling upgrade (docs/schema.md).
+#[test]
+fn migrations_after_the_first_release_only_expand_the_schema() {
+    let folder = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let mut checked = Vec::new();
+    for entry in std::fs::read_dir(&folder).expect("migrations/") {
+        let path = entry.expect("directory entry").path();
+        let name = path.file_name().expect("a name").to_string_lossy().into_owned();
+        let version: u32 = name
+            .strip_prefix('V')
+            .and_then(|rest| rest.split("__").next())
+            .and_then(|number| number.parse().ok())
+            .unwrap_or_else(|| panic!("{name} is not named V<n>__<what>.sql"));
+        let sql = std::fs::read_to_string(&path).expect("a readable migration");
+        checked.push(version);
+        if version > LAST_MIGRATION_BEFORE_THE_RULE {
+            if let Some(what) = contraction(&sql) {
+                panic!("{name} {what}: a release's migrations only expand the schema");
+            }
+        }
+    }
+    assert!(checked.contains(&LAST_MIGRATION_BEFORE_THE_RULE), "{checked:?}");
+}
