@@ -67,6 +67,16 @@ async fn admin_lists_what_the_api_serves_as_tables_and_as_json() {
 
     let consistency = succeed(&app, &["admin", "consistency"]).await;
     assert!(consistency.contains("consistent"), "{consistency}");
+
+    let version: Value =
+        serde_json::from_str(&succeed(&app, &["admin", "--json", "version"]).await).expect("JSON");
+    let served: Value = app.get("/admin/version").await.json().await.expect("JSON");
+    assert_eq!(version, served, "--json prints the API's document");
+    let table = succeed(&app, &["admin", "version"]).await;
+    let broker = table_row(&table, "broker");
+    assert_eq!(broker["release"], env!("CARGO_PKG_VERSION"), "{table}");
+    let database = table_row(&table, "database");
+    assert_eq!(database["schema migration"], served["schema_migration"], "{table}");
 }
 
 /// The cells of the row of a `fairway admin` table whose first cell is `first`, by column name.

@@ -77,6 +77,9 @@ pub enum AdminCommand {
     Queriers,
     /// Recount every counter from the work items; exits non-zero on any difference.
     Consistency,
+    /// Which build the broker is (release, server-function revision, last schema migration)
+    /// and what its database holds: during an upgrade, ask each broker's URL in turn.
+    Version,
     /// Bearer tokens: make, list and revoke them (needs an admin token).
     Tokens {
         #[command(subcommand)]

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
 
+use fairway_api::build::VersionDocument;
 use fairway_api::model::{
     ItemStatus, JobDocument, JobId, Mismatch, UserShare, UserWorkRow, WorkItem,
 };
@@ -607,6 +608,11 @@ impl Client {
     pub async fn queriers(&self) -> Result<Vec<QuerierDocument>, ClientError> {
         let response = self.send(self.request(Method::GET, "/admin/queriers")).await?;
         Ok(decode::<Queriers>(response).await?.queriers)
+    }
+
+    /// Which build the broker is, and what its database holds (`GET /admin/version`).
+    pub async fn version(&self) -> Result<VersionDocument, ClientError> {
+        decode(self.send(self.request(Method::GET, "/admin/version")).await?).await
     }
 
     pub async fn consistency(&self) -> Result<Consistency, ClientError> {

@@ -9,6 +9,7 @@ use crate::args::{
 };
 use crate::JobAction;
 use crate::{Client, JobFilter};
+use fairway_api::build::VersionDocument;
 use fairway_api::model::{JobDocument, JobId, UserWorkRow};
 use fairway_api::policy::{ServicePolicyDocument, UserPolicyDocument};
 use fairway_api::summary::ServiceSummary;
@@ -116,6 +117,7 @@ async fn run_command(args: AdminArgs) -> Result<(), CliError> {
             print.list(&[client.set_tenant(&tenant, &change).await?], tenants_table)
         }
         AdminCommand::Queriers => print.list(&client.queriers().await?, queriers_table),
+        AdminCommand::Version => print.one(&client.version().await?, version_table),
         AdminCommand::Tokens { command } => tokens(&client, &print, command).await,
         AdminCommand::Consistency => {
             let recount = client.consistency().await?;
@@ -421,6 +423,25 @@ fn policies_table(policies: &[ServicePolicyDocument]) -> Table {
             policy.running.to_string(),
         ]);
     }
+    table
+}
+
+fn version_table(version: &VersionDocument) -> Table {
+    let mut table = table(&["of", "release", "functions revision", "schema migration"]);
+    table.add_row(vec![
+        "broker".to_owned(),
+        version.version.clone(),
+        version.functions_revision.to_string(),
+        version.schema_migration.clone(),
+    ]);
+    let database = &version.database;
+    let or_none = |value: Option<String>| value.unwrap_or_else(|| "none".to_owned());
+    table.add_row(vec![
+        "database".to_owned(),
+        "–".to_owned(),
+        or_none(database.functions_revision.map(|revision| revision.to_string())),
+        or_none(database.schema_migration.clone()),
+    ]);
     table
 }
 
