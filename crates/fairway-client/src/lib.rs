@@ -161,10 +161,14 @@ impl Brokers {
     }
 
     /// `url` moved to the broker at `index`, keeping its path and query.
+    /// A request's URL, built against the first broker (see [`Client::request`]), moved to the
+    /// broker at `index`: its path below the base's path, and its query, kept.
     fn at(&self, index: usize, url: &reqwest::Url) -> reqwest::Url {
+        let first = self.bases[0].path().trim_end_matches('/');
+        let below = url.path().strip_prefix(first).unwrap_or(url.path());
         let mut moved = self.bases[index].clone();
         let base_path = moved.path().trim_end_matches('/').to_owned();
-        moved.set_path(&format!("{base_path}{}", url.path()));
+        moved.set_path(&format!("{base_path}{below}"));
         moved.set_query(url.query());
         moved
     }
@@ -382,9 +386,10 @@ impl Client {
         Ok(Self { brokers, token, http: builder.build()? })
     }
 
-    /// A request to the broker the client sends to now; [`Client::send`] moves it on.
+    /// A request built against the first broker's address; [`Client::send`] moves it to the
+    /// broker it goes to.
     fn request(&self, method: Method, path: &str) -> RequestBuilder {
-        let base = &self.brokers.bases[self.brokers.current.load(Ordering::Relaxed)];
+        let base = &self.brokers.bases[0];
         let request =
             self.http.request(method, format!("{}{path}", base.as_str().trim_end_matches('/')));
         match &self.token {
@@ -659,5 +664,31 @@ async fn decode<T: DeserializeOwned>(response: Response) -> Result<T, ClientErro
             status,
             body: String::from_utf8_lossy(&body).into_owned(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(text: &str) -> reqwest::Url {
+        reqwest::Url::parse(text).expect("a URL")
+    }
+
+    #[test]
+    fn a_request_moves_between_brokers_keeping_its_path_below_each_base() {
+        let brokers =
+            Brokers::parse("http://a:1/fairway/, http://b:2, https://c:3/x/y").expect("brokers");
+        let built = url("http://a:1/fairway/work?service=s&wait=20");
+        assert_eq!(brokers.at(0, &built), built, "the first broker's own request stays as it is");
+        assert_eq!(brokers.at(1, &built), url("http://b:2/work?service=s&wait=20"));
+        assert_eq!(brokers.at(2, &built), url("https://c:3/x/y/work?service=s&wait=20"));
+    }
+
+    #[test]
+    fn a_list_without_a_broker_or_with_a_bad_one_is_refused() {
+        for list in ["", " , ", "localhost:8080", "http://a:1,ftp://b"] {
+            assert!(matches!(Brokers::parse(list), Err(ClientError::Url(_))), "{list:?}");
+        }
     }
 }
