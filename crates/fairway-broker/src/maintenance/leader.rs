@@ -39,8 +39,9 @@ pub struct MaintenanceLeader {
 enum Ended {
     /// The broker is stopping.
     Stopped,
-    /// The connection failed or hung: try again on a new one.
-    Lost(String),
+    /// The connection failed or hung, or could not be made (`connected` false): try again on a
+    /// new one.
+    Lost { error: String, connected: bool },
 }
 
 impl MaintenanceLeader {
@@ -52,15 +53,18 @@ impl MaintenanceLeader {
     /// is lost or the broker stops, then stops them, each after the pass it is in.
     pub fn spawn(self, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
         tokio::spawn(async move {
-            let mut lost_logged = false;
+            // A database away for a while is said once, not at every try; a connection that
+            // was made and then failed is said again.
+            let mut unreachable_logged = false;
             loop {
                 match self.serve_one_connection(&mut stop).await {
                     Ended::Stopped => return,
-                    Ended::Lost(error) if !lost_logged => {
-                        tracing::warn!(%error, "maintenance leadership connection failed; retrying");
-                        lost_logged = true;
+                    Ended::Lost { error, connected } => {
+                        if connected || !unreachable_logged {
+                            tracing::warn!(%error, "maintenance leadership connection failed; retrying");
+                        }
+                        unreachable_logged = !connected;
                     }
-                    Ended::Lost(_) => {}
                 }
                 if stopped_within(&mut stop, TRY_INTERVAL).await {
                     return;
@@ -73,7 +77,9 @@ impl MaintenanceLeader {
     async fn serve_one_connection(&self, stop: &mut watch::Receiver<bool>) -> Ended {
         let (client, connection) = match self.database.connect().await {
             Ok(connected) => connected,
-            Err(error) => return Ended::Lost(fairway_pg::describe(&error)),
+            Err(error) => {
+                return Ended::Lost { error: fairway_pg::describe(&error), connected: false }
+            }
         };
         let driver = tokio::spawn(connection);
         let ended = loop {
@@ -85,7 +91,9 @@ impl MaintenanceLeader {
                 .await
                 .and_then(|row| Locked::from_row(&row));
             match attempt {
-                Err(error) => break Ended::Lost(fairway_pg::describe(&error)),
+                Err(error) => {
+                    break Ended::Lost { error: fairway_pg::describe(&error), connected: true }
+                }
                 Ok(Locked { locked: true }) => break self.lead(&client, stop).await,
                 Ok(Locked { locked: false }) => {
                     if stopped_within(stop, TRY_INTERVAL).await {
@@ -115,13 +123,19 @@ impl MaintenanceLeader {
             }
             match tokio::time::timeout(CHECK_TIMEOUT, client.simple_query("SELECT 1")).await {
                 Ok(Ok(_)) => {}
-                Ok(Err(error)) => break Ended::Lost(fairway_pg::describe(&error)),
-                Err(_) => break Ended::Lost("the connection did not answer".to_owned()),
+                Ok(Err(error)) => {
+                    let error = fairway_pg::describe(&error);
+                    break Ended::Lost { error, connected: true };
+                }
+                Err(_) => {
+                    let error = "the connection did not answer".to_owned();
+                    break Ended::Lost { error, connected: true };
+                }
             }
         };
         running.stop().await;
         self.metrics.set_maintenance_leader(false);
-        if let Ended::Lost(error) = &ended {
+        if let Ended::Lost { error, .. } = &ended {
             tracing::warn!(%error, "lost the maintenance leadership; the shared upkeeps stopped");
         }
         ended
