@@ -29,6 +29,12 @@ async fn sample(http: &reqwest::Client, base: &str, series: &str) -> Option<f64>
     text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// How many passes of `upkeep` the broker at `base` ran.
+async fn passes(http: &reqwest::Client, base: &str, upkeep: &str) -> f64 {
+    let series = format!("fairway_upkeep_passes_total{{upkeep=\"{upkeep}\"}}");
+    sample(http, base, &series).await.unwrap_or(0.0)
+}
+
 /// Waits until exactly one of `bases` says it is the maintenance leader; returns its index.
 async fn await_one_leader(http: &reqwest::Client, bases: &[&str], within: Duration) -> usize {
     let deadline = Instant::now() + within;
@@ -91,17 +97,26 @@ async fn one_broker_maintains_and_a_killed_leader_hands_over_within_seconds() {
     let bases: Vec<&str> = brokers.iter().map(|(_, base)| base.as_str()).collect();
     let leader = await_one_leader(&http, &bases, Duration::from_secs(10)).await;
 
-    // Only the leader runs the shared upkeeps; every broker runs its own.
-    tokio::time::sleep(2 * INTERVAL).await;
-    for (index, base) in bases.iter().enumerate() {
-        let reaper = sample(&http, base, r#"fairway_upkeep_passes_total{upkeep="reaper"}"#).await;
-        let own = sample(&http, base, r#"fairway_upkeep_passes_total{upkeep="queue_wait_read"}"#);
-        assert!(own.await.unwrap_or(0.0) >= 1.0, "broker {index} runs its own upkeep");
-        if index == leader {
-            assert!(reaper.unwrap_or(0.0) >= 1.0, "the leader reaps");
-        } else {
-            assert_eq!(reaper.unwrap_or(0.0), 0.0, "broker {index} is no leader, yet reaped");
+    // Only the leader runs the shared upkeeps; every broker runs its own. Once the leader has
+    // reaped twice and every broker has run its own upkeep, a follower that reaped would show.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut ready = passes(&http, bases[leader], "reaper").await >= 2.0;
+        for base in &bases {
+            ready &= passes(&http, base, "queue_wait_read").await >= 1.0;
         }
+        if ready {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the upkeeps never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (index, base) in bases.iter().enumerate().filter(|(index, _)| *index != leader) {
+        assert_eq!(
+            passes(&http, base, "reaper").await,
+            0.0,
+            "broker {index} is no leader, yet reaped"
+        );
     }
 
     // An item leased by a follower and never reported, and a job due in a few seconds.

@@ -298,7 +298,9 @@ fn contraction(sql: &str) -> Option<&'static str> {
         Some("renames")
     } else if has(&["SET", "NOT", "NULL"]) {
         Some("makes a column mandatory")
-    } else if has(&["TYPE"]) && has(&["ALTER", "COLUMN"]) {
+    } else if has(&["SET", "DATA", "TYPE"])
+        || words.windows(4).any(|w| w[0] == "ALTER" && w[1] == "COLUMN" && w[3] == "TYPE")
+    {
         Some("changes a column's type")
     } else if adds_a_mandatory_column {
         Some("adds a mandatory column without a default")
@@ -313,6 +315,7 @@ fn contractions_are_told_apart_from_additions() {
         "ALTER TABLE users ADD COLUMN tier smallint NOT NULL DEFAULT 3;",
         "CREATE TABLE order_clocks (service text PRIMARY KEY); -- not DROP TABLE, a comment",
         "CREATE INDEX users_tier ON users (tier); ALTER TABLE users ADD COLUMN pass bigint;",
+        "CREATE TYPE tier AS ENUM ('a', 'b'); ALTER TABLE users ALTER COLUMN weight SET DEFAULT 2;",
     ];
     for sql in additions {
         assert_eq!(contraction(sql), None, "{sql}");
@@ -323,6 +326,7 @@ fn contractions_are_told_apart_from_additions() {
         ("ALTER TABLE users RENAME COLUMN weight TO share_weight;", "renames"),
         ("ALTER TABLE users ALTER COLUMN weight SET NOT NULL;", "makes a column mandatory"),
         ("ALTER TABLE users ALTER COLUMN weight TYPE bigint;", "changes a column's type"),
+        ("ALTER TABLE users ALTER COLUMN weight SET DATA TYPE bigint;", "changes a column's type"),
         (
             "ALTER TABLE users ADD COLUMN tier smallint NOT NULL;",
             "adds a mandatory column without a default",
