@@ -1,9 +1,18 @@
 //! Lists the server functions to install from the tree: every file of the workspace's `sql/`,
 //! one folder per duty, so that a new function file cannot be left out of the set. The list
 //! is in file-name order, the order the set installs in.
+//!
+//! With the test-only `upgrade-drill` feature, one function differs (see [`DRILL_CHANGE`]):
+//! the upgrade test rolls to that build and back.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+
+/// The upgrade drill's change to a server function (tests/upgrade): `finish_jobs` also marks
+/// each job it finished in the column the drill's migration adds. The text it replaces must be
+/// found, once, or the build fails.
+const DRILL_CHANGE: (&str, &str, &str) =
+    ("finish_jobs", "updated_at = now()", "updated_at = now(), finished_by_drill = true");
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
@@ -31,9 +40,13 @@ fn main() {
         );
     }
 
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets it"));
     let mut list = String::from("&[\n");
     for (name, duty, path) in &files {
-        let path = path.canonicalize().expect("a listed file exists");
+        let mut path = path.canonicalize().expect("a listed file exists");
+        if std::env::var_os("CARGO_FEATURE_UPGRADE_DRILL").is_some() && name == DRILL_CHANGE.0 {
+            path = drill_copy(&path, &out);
+        }
         writeln!(
             list,
             "    FunctionFile {{ duty: {duty:?}, name: {name:?}, text: include_str!({:?}) }},",
@@ -42,8 +55,17 @@ fn main() {
         .expect("writing to a String");
     }
     list.push(']');
-    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets it"));
     std::fs::write(out.join("function_files.rs"), list).expect("OUT_DIR is writable");
+}
+
+/// Writes the drill's version of the function file at `path` into `out`, and returns its path.
+fn drill_copy(path: &Path, out: &Path) -> PathBuf {
+    let (_, find, replace) = DRILL_CHANGE;
+    let text = std::fs::read_to_string(path).expect("a listed file is readable");
+    assert_eq!(text.matches(find).count(), 1, "{}: the drill changes `{find}`", path.display());
+    let copy = out.join(path.file_name().expect("a file name"));
+    std::fs::write(&copy, text.replace(find, replace)).expect("OUT_DIR is writable");
+    copy
 }
 
 /// A folder's entries, sorted; a missing `sql/` is a broken checkout.

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fairway_broker::db::functions::REVISION;
 use fairway_server::config::ServeArgs;
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
@@ -77,6 +78,9 @@ async fn admin_lists_what_the_api_serves_as_tables_and_as_json() {
     assert_eq!(broker["release"], env!("CARGO_PKG_VERSION"), "{table}");
     let database = table_row(&table, "database");
     assert_eq!(database["schema migration"], served["schema_migration"], "{table}");
+    let set = table_row(&table, "function set");
+    let schema = fairway_broker::db::functions::schema();
+    assert_eq!(set["functions"], format!("{schema} (revision {REVISION}, triggers)"), "{table}");
 }
 
 /// The cells of the row of a `fairway admin` table whose first cell is `first`, by column name.

@@ -68,8 +68,10 @@ pub async fn server_connection() -> tokio_postgres::Client {
     connect(&database(&server_url().await)).await
 }
 
+/// A connection that, like the broker's, finds this build's server functions first.
 pub async fn connect(database: &Database) -> tokio_postgres::Client {
-    let (client, connection) = database.connect().await.expect("connect to PostgreSQL");
+    let config = fairway_broker::db::pool::with_search_path(database.config());
+    let (client, connection) = config.connect(database.tls()).await.expect("connect to PostgreSQL");
     tokio::spawn(connection);
     client
 }

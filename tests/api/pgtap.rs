@@ -77,6 +77,9 @@ async fn the_order_functions_pass_their_pgtap_tests() {
     };
     command.env("PGSSLMODE", mode);
     command.env("PGDATABASE", config.get_dbname().expect("the test database's name"));
+    // The functions under test live in this build's schema, as a broker's connections see them.
+    let search_path = fairway_broker::db::functions::search_path();
+    command.env("PGOPTIONS", format!("-c search_path={search_path}"));
 
     let output = match command.output().await {
         Ok(output) => output,

@@ -203,7 +203,10 @@ const AUTO_EXPLAIN: &str = "LOAD 'auto_explain';
 async fn connect_with_notices(
 ) -> (tokio_postgres::Client, tokio::sync::mpsc::UnboundedReceiver<String>) {
     let config = fresh_database().await;
-    let (db, mut connection) = config.connect().await.expect("connect");
+    let (db, mut connection) = fairway_broker::db::pool::with_search_path(config.config())
+        .connect(config.tls())
+        .await
+        .expect("connect");
     let (notice_sender, notices) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));

@@ -1,5 +1,9 @@
 //! The schema as the broker installs it: migrations hold the tables, the workspace's `sql/` holds
-//! every server function, and the database can differ from neither.
+//! every server function, installed into a schema of the build's own, and the database can
+//! differ from neither. Builds side by side: an older broker starts beside newer functions and
+//! migrations, the newest set owns the trigger bindings, and unused sets are dropped.
+
+use std::time::Duration;
 
 use fairway_broker::db::functions::{self, FILES, REVISION};
 use fairway_broker::db::{migrations, pool, DbError};
@@ -15,26 +19,72 @@ async fn install(database: &Database) -> Result<(), DbError> {
     outcome
 }
 
-/// The functions in the broker's schema that no extension owns, by name.
-const OWN_FUNCTIONS: &str = "
-    SELECT p.proname::text, count(*)
-      FROM pg_proc p
-     WHERE p.pronamespace = 'public'::regnamespace
-       AND NOT EXISTS (SELECT 1 FROM pg_depend d
-                        WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid
-                          AND d.deptype = 'e')
-     GROUP BY p.proname
-     ORDER BY p.proname";
+/// The functions in `schema` that no extension owns, by name.
+async fn functions_in(db: &tokio_postgres::Client, schema: &str) -> Vec<(String, i64)> {
+    db.query(
+        "SELECT p.proname::text, count(*)
+           FROM pg_proc p
+          WHERE p.pronamespace = $1::text::regnamespace
+            AND NOT EXISTS (SELECT 1 FROM pg_depend d
+                             WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid
+                               AND d.deptype = 'e')
+          GROUP BY p.proname
+          ORDER BY p.proname",
+        &[&schema],
+    )
+    .await
+    .expect("list functions")
+    .iter()
+    .map(|row| (row.get(0), row.get(1)))
+    .collect()
+}
+
+/// One function per file of `sql/`, by name.
+fn every_file() -> Vec<(String, i64)> {
+    FILES.iter().map(|file| (file.name.to_owned(), 1)).collect()
+}
+
+/// The schema of the function each trigger binding calls, by the binding's name.
+async fn trigger_owners(db: &tokio_postgres::Client) -> Vec<(String, String)> {
+    db.query(
+        "SELECT t.tgname::text, n.nspname::text
+           FROM pg_trigger t
+           JOIN pg_proc p ON p.oid = t.tgfoid
+           JOIN pg_namespace n ON n.oid = p.pronamespace
+          WHERE NOT t.tgisinternal
+          ORDER BY 1",
+        &[],
+    )
+    .await
+    .expect("list triggers")
+    .iter()
+    .map(|row| (row.get(0), row.get(1)))
+    .collect()
+}
+
+/// The trigger bindings the files make, each calling `schema`.
+fn bindings_owned_by(schema: &str) -> Vec<(String, String)> {
+    let mut bindings: Vec<(String, String)> = FILES
+        .iter()
+        .filter_map(|file| file.bindings())
+        .flat_map(|text| text.split("CREATE OR REPLACE TRIGGER ").skip(1))
+        .map(|rest| {
+            (rest.split_whitespace().next().unwrap_or_default().to_owned(), schema.to_owned())
+        })
+        .collect();
+    bindings.sort();
+    bindings
+}
 
 #[tokio::test]
-async fn every_function_in_the_schema_is_its_file() {
+async fn every_function_in_the_builds_schema_is_its_file() {
     let app = spawn_app().await;
     let mut db = connect(&app.config).await;
+    let schema = functions::schema();
 
-    let rows = db.query(OWN_FUNCTIONS, &[]).await.expect("list functions");
-    let installed: Vec<(String, i64)> = rows.iter().map(|row| (row.get(0), row.get(1))).collect();
-    let files: Vec<(String, i64)> = FILES.iter().map(|file| (file.name.to_owned(), 1)).collect();
-    assert_eq!(installed, files, "one function per function file, and no other");
+    assert_eq!(functions_in(&db, schema).await, every_file(), "one function per file, no other");
+    assert_eq!(functions_in(&db, "public").await, vec![], "nothing in public");
+    assert_eq!(trigger_owners(&db).await, bindings_owned_by(schema));
 
     // Each file run again in a scratch schema, then compared with what the broker installed,
     // definition by definition; rolled back, so that the database is left as it was.
@@ -43,46 +93,29 @@ async fn every_function_in_the_schema_is_its_file() {
         .batch_execute("CREATE SCHEMA drift_check; SET LOCAL search_path = drift_check, public")
         .await
         .expect("scratch schema");
-    let trigger_definitions = "
-        SELECT tgname::text, pg_get_triggerdef(t.oid)
-          FROM pg_trigger t
-         WHERE NOT t.tgisinternal AND t.tgrelid = 'public.work_items'::regclass
-         ORDER BY tgname";
-    let installed_triggers = transaction.query(trigger_definitions, &[]).await.expect("triggers");
     for file in FILES {
         transaction.batch_execute(file.text).await.expect("run the file");
         let row = transaction
             .query_one(
-                "SELECT pg_get_functiondef(format('public.%I', $1::text)::regproc),
+                "SELECT pg_get_functiondef(format('%I.%I', $2::text, $1::text)::regproc),
                         pg_get_functiondef(format('drift_check.%I', $1::text)::regproc)",
-                &[&file.name],
+                &[&file.name, &schema],
             )
             .await
             .expect("both definitions");
         let (installed, from_file): (String, String) = (row.get(0), row.get(1));
         assert_eq!(
             installed,
-            from_file.replace("drift_check.", "public."),
+            from_file.replace("drift_check.", &format!("{schema}.")),
             "the database's {} differs from {}",
             file.name,
             file.path()
         );
     }
-    let rebound_triggers = transaction.query(trigger_definitions, &[]).await.expect("triggers");
-    let normalise = |rows: &[tokio_postgres::Row]| -> Vec<(String, String)> {
-        rows.iter()
-            .map(|row| {
-                let definition: String = row.get(1);
-                (row.get(0), definition.replace("drift_check.", ""))
-            })
-            .collect()
-    };
-    assert!(!installed_triggers.is_empty(), "the trigger bindings are installed");
-    assert_eq!(normalise(&installed_triggers), normalise(&rebound_triggers));
     transaction.rollback().await.expect("rollback");
 
     let row = db
-        .query_one("SELECT revision, digest FROM fairway_functions", &[])
+        .query_one("SELECT revision, digest FROM function_sets WHERE schema_name = $1", &[&schema])
         .await
         .expect("the installed set is recorded");
     assert_eq!(row.get::<_, i32>(0), REVISION);
@@ -117,7 +150,7 @@ async fn a_database_of_the_unfolded_migration_chain_is_refused_unchanged() {
     let row = db
         .query_one(
             "SELECT to_regclass('fairway_schema_history') IS NULL,
-                    to_regclass('fairway_functions') IS NULL,
+                    to_regclass('function_sets') IS NULL,
                     (SELECT count(*) FROM work_items),
                     (SELECT count(*) FROM refinery_schema_history)",
             &[],
@@ -149,78 +182,190 @@ async fn an_empty_database_gets_the_whole_schema_and_a_second_start_changes_noth
     assert_eq!(function_oids_and_install_time(&db).await, before, "a matching set is left alone");
 }
 
-#[tokio::test]
-async fn newer_functions_are_never_replaced_by_an_older_broker() {
-    let config = fresh_database().await;
-    let db = connect(&config).await;
-    db.execute("UPDATE fairway_functions SET revision = revision + 1", &[]).await.expect("newer");
-    let before = function_oids_and_install_time(&db).await;
-
-    let error = install(&config).await.expect_err("an older broker refuses to start");
-    assert!(
-        matches!(error, DbError::NewerFunctions { installed, carried }
-            if installed == REVISION + 1 && carried == REVISION),
-        "{error:?}"
+/// A set of a newer build, as far as the trigger bindings go: its trigger functions, in a
+/// schema of its own, recorded one revision on, and owning the bindings.
+async fn add_newer_set(db: &tokio_postgres::Client, schema: &str) {
+    let mut script = format!(
+        "CREATE SCHEMA {schema}; SET search_path = {schema}, public;
+         INSERT INTO function_sets (schema_name, revision, digest, version)
+         VALUES ('{schema}', {}, 'newer', '99.0.0');",
+        REVISION + 1
     );
-    assert!(error.to_string().contains("never replaces newer functions"), "{error}");
-    assert_eq!(function_oids_and_install_time(&db).await, before, "nothing was replaced");
-}
-
-#[tokio::test]
-async fn the_same_revision_with_other_text_is_refused() {
-    let config = fresh_database().await;
-    let db = connect(&config).await;
-    db.execute("UPDATE fairway_functions SET digest = 'another build'", &[]).await.expect("set");
-    let before = function_oids_and_install_time(&db).await;
-
-    let error = install(&config).await.expect_err("refused");
-    assert!(matches!(error, DbError::FunctionsDiffer { revision } if revision == REVISION));
-    assert_eq!(function_oids_and_install_time(&db).await, before, "nothing was replaced");
-}
-
-#[tokio::test]
-async fn an_older_set_is_replaced_by_the_files_dropping_what_they_no_longer_hold() {
-    let config = fresh_database().await;
-    let db = connect(&config).await;
-    // An older set: a function the files no longer have, one whose signature has since
-    // changed, and a trigger function whose binding must survive its replacement.
-    db.batch_execute(
-        "CREATE FUNCTION retired_function() RETURNS integer LANGUAGE sql AS 'SELECT 1';
-         CREATE FUNCTION tenant_has_rivals(text) RETURNS boolean LANGUAGE sql AS 'SELECT true';
-         UPDATE fairway_functions
-            SET revision = 0,
-                digest = 'older',
-                signatures = signatures || '{retired_function(),tenant_has_rivals(text)}';",
-    )
-    .await
-    .expect("an older set");
-
-    install(&config).await.expect("a newer broker installs its set");
-
-    let rows = db.query(OWN_FUNCTIONS, &[]).await.expect("list functions");
-    let installed: Vec<(String, i64)> = rows.iter().map(|row| (row.get(0), row.get(1))).collect();
-    let files: Vec<(String, i64)> = FILES.iter().map(|file| (file.name.to_owned(), 1)).collect();
-    assert_eq!(installed, files, "the retired function and the old overload are gone");
-    let row = db
-        .query_one(
-            "SELECT revision, digest,
-                    (SELECT count(*) FROM pg_trigger WHERE tgname = 'work_items_ready_again')
-               FROM fairway_functions",
+    let drops = db
+        .query(
+            "SELECT format('DROP TRIGGER %I ON %s;', tgname, tgrelid::regclass)
+               FROM pg_trigger WHERE NOT tgisinternal",
             &[],
         )
         .await
-        .expect("look");
-    assert_eq!(row.get::<_, i32>(0), REVISION);
-    assert_eq!(row.get::<_, String>(1), functions::digest());
-    assert_eq!(row.get::<_, i64>(2), 1, "the trigger binding was made again");
+        .expect("the bindings");
+    for drop in drops {
+        script.push_str(drop.get(0));
+    }
+    for file in FILES.iter().filter(|file| file.bindings().is_some()) {
+        script.push_str(file.text);
+        script.push(';');
+    }
+    script.push_str(&format!("SET search_path = {};", functions::search_path()));
+    db.batch_execute(&script).await.expect("a newer set");
+}
+
+#[tokio::test]
+async fn an_older_build_starts_beside_newer_functions_and_migrations_and_leaves_them_be() {
+    let config = fresh_database().await;
+    let db = connect(&config).await;
+    add_newer_set(&db, "fairway_newer").await;
+    // The newer build's migration, which this build does not carry.
+    db.batch_execute(
+        "ALTER TABLE jobs ADD COLUMN newer_column boolean;
+         INSERT INTO fairway_schema_history (version, name, applied_on, checksum)
+         VALUES (9999, 'newer_release', now()::text, '1');",
+    )
+    .await
+    .expect("a newer migration");
+    // This build's set gone, as on a database only the newer build had used.
+    db.batch_execute(&format!(
+        "DROP SCHEMA {0} CASCADE; DELETE FROM function_sets WHERE schema_name = '{0}';",
+        functions::schema()
+    ))
+    .await
+    .expect("drop this build's set");
+
+    install(&config).await.expect("an older broker starts");
+
+    assert_eq!(functions_in(&db, functions::schema()).await, every_file(), "its own set is back");
+    assert_eq!(trigger_owners(&db).await, bindings_owned_by("fairway_newer"), "triggers stay");
+    let history: i64 = db
+        .query_one("SELECT count(*) FROM fairway_schema_history WHERE version = 9999", &[])
+        .await
+        .expect("history")
+        .get(0);
+    assert_eq!(history, 1, "the newer migration is still recorded");
+}
+
+#[tokio::test]
+async fn histories_that_diverge_are_refused() {
+    let config = fresh_database().await;
+    let db = connect(&config).await;
+    db.batch_execute(
+        "INSERT INTO fairway_schema_history (version, name, applied_on, checksum)
+         VALUES (9999, 'another_branch', now()::text, '1');
+         DELETE FROM fairway_schema_history
+          WHERE version = (SELECT max(version) FROM fairway_schema_history WHERE version < 9999);",
+    )
+    .await
+    .expect("a diverging history");
+    let error = install(&config).await.expect_err("refused");
+    assert!(
+        matches!(&error, DbError::DivergentMigrations { unknown, missing }
+            if unknown == "V9999__another_branch" && *missing == migrations::latest()),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_newest_set_unused_is_dropped_and_the_triggers_come_back_to_this_build() {
+    let config = fresh_database().await;
+    let mut db = connect(&config).await;
+    add_newer_set(&db, "fairway_newer").await;
+    // An older set beside them, unused for two hours.
+    db.batch_execute(&format!(
+        "CREATE SCHEMA fairway_older;
+         INSERT INTO function_sets (schema_name, revision, digest, version, last_used_at)
+         VALUES ('fairway_older', {}, 'older', '0.0.1', now() - interval '2 hours');",
+        REVISION - 1
+    ))
+    .await
+    .expect("an older set");
+
+    // The newer set is still in use: only the older one goes.
+    let dropped =
+        migrations::prune_function_sets(&mut db, Duration::from_secs(3600)).await.expect("prune");
+    assert_eq!(dropped, ["fairway_older"]);
+    assert_eq!(trigger_owners(&db).await, bindings_owned_by("fairway_newer"));
+
+    // Once nobody has used the newer set for the retention, it goes, and this build's set
+    // takes the bindings over.
+    db.execute(
+        "UPDATE function_sets SET last_used_at = now() - interval '2 hours'
+          WHERE schema_name = 'fairway_newer'",
+        &[],
+    )
+    .await
+    .expect("unused");
+    let dropped =
+        migrations::prune_function_sets(&mut db, Duration::from_secs(3600)).await.expect("prune");
+    assert_eq!(dropped, ["fairway_newer"]);
+    assert_eq!(trigger_owners(&db).await, bindings_owned_by(functions::schema()));
+    let schemas: Vec<String> = db
+        .query("SELECT schema_name FROM function_sets", &[])
+        .await
+        .expect("sets")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(schemas, [functions::schema()]);
+    let gone: bool = db
+        .query_one("SELECT to_regnamespace('fairway_newer') IS NULL", &[])
+        .await
+        .expect("look")
+        .get(0);
+    assert!(gone, "the schema is dropped with its row");
+
+    // This build's own set never goes, however long unused.
+    db.execute("UPDATE function_sets SET last_used_at = now() - interval '2 days'", &[])
+        .await
+        .expect("unused");
+    let dropped =
+        migrations::prune_function_sets(&mut db, Duration::from_secs(3600)).await.expect("prune");
+    assert!(dropped.is_empty(), "{dropped:?}");
+}
+
+/// Release 0.1.0 kept its one set in public and bound the triggers to it; its brokers keep
+/// calling it while a roll goes on, so it stays, and the bindings move to this build's set.
+#[tokio::test]
+async fn the_set_release_0_1_0_left_in_public_stays_and_gives_up_the_triggers() {
+    let config = fresh_database().await;
+    let db = connect(&config).await;
+    let mut script = format!(
+        "DROP SCHEMA {0} CASCADE; DELETE FROM function_sets WHERE schema_name = '{0}';
+         SET search_path = public;",
+        functions::schema()
+    );
+    for file in FILES {
+        script.push_str(file.text);
+        script.push(';');
+    }
+    db.batch_execute(&script).await.expect("0.1.0's set, as it installed it");
+    assert_eq!(trigger_owners(&db).await, bindings_owned_by("public"));
+
+    install(&config).await.expect("a broker of this build starts");
+
+    assert_eq!(functions_in(&db, "public").await, every_file(), "0.1.0's functions stay");
+    assert_eq!(functions_in(&db, functions::schema()).await, every_file());
+    assert_eq!(trigger_owners(&db).await, bindings_owned_by(functions::schema()));
+}
+
+#[tokio::test]
+async fn the_same_schema_with_other_text_is_refused() {
+    let config = fresh_database().await;
+    let db = connect(&config).await;
+    db.execute("UPDATE function_sets SET digest = 'another build'", &[]).await.expect("set");
+    let before = function_oids_and_install_time(&db).await;
+
+    let error = install(&config).await.expect_err("refused");
+    assert!(
+        matches!(&error, DbError::FunctionsDiffer { schema } if schema == functions::schema()),
+        "{error:?}"
+    );
+    assert_eq!(function_oids_and_install_time(&db).await, before, "nothing was replaced");
 }
 
 async fn function_oids_and_install_time(db: &tokio_postgres::Client) -> (Vec<u32>, String) {
     let oids = db
         .query(
-            "SELECT p.oid FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace
-              ORDER BY p.oid",
-            &[],
+            "SELECT p.oid FROM pg_proc p WHERE p.pronamespace = $1::text::regnamespace ORDER BY p.oid",
+            &[&functions::schema()],
         )
         .await
         .expect("oids")
@@ -228,7 +373,10 @@ async fn function_oids_and_install_time(db: &tokio_postgres::Client) -> (Vec<u32
         .map(|row| row.get(0))
         .collect();
     let installed_at = db
-        .query_one("SELECT installed_at::text FROM fairway_functions", &[])
+        .query_one(
+            "SELECT installed_at::text FROM function_sets WHERE schema_name = $1",
+            &[&functions::schema()],
+        )
         .await
         .expect("installed_at")
         .get(0);
@@ -243,13 +391,26 @@ async fn a_broker_says_its_version_revision_and_migration_and_the_databases() {
     let answer: serde_json::Value = app.get("/admin/version").await.json().await.expect("JSON");
     let latest = migrations::latest();
     assert!(latest.starts_with('V') && latest.contains("__"), "{latest}");
+    let sets = &answer["database"]["function_sets"];
     let expected = serde_json::json!({
         "version": env!("CARGO_PKG_VERSION"),
         "functions_revision": REVISION,
+        "functions_schema": functions::schema(),
         "schema_migration": latest,
-        "database": { "functions_revision": REVISION, "schema_migration": latest },
+        "database": {
+            "schema_migration": latest,
+            "function_sets": [{
+                "schema": functions::schema(),
+                "revision": REVISION,
+                "version": env!("CARGO_PKG_VERSION"),
+                "installed_at": sets[0]["installed_at"],
+                "last_used_at": sets[0]["last_used_at"],
+                "owns_triggers": true,
+            }],
+        },
     });
     assert_eq!(answer, expected);
+    assert!(sets[0]["last_used_at"].is_string(), "{answer}");
 
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_fairway"))
         .arg("--version")

@@ -180,7 +180,10 @@ async fn a_sharded_tenant_is_served_only_by_its_queriers_and_its_shard_moves_on_
 #[tokio::test]
 async fn a_shard_moves_by_at_most_one_querier_when_one_joins_or_leaves() {
     let config = fresh_database().await;
-    let (db, connection) = config.connect().await.expect("connect");
+    let (db, connection) = fairway_broker::db::pool::with_search_path(config.config())
+        .connect(config.tls())
+        .await
+        .expect("connect");
     tokio::spawn(connection);
     let reshard =
         <fairway_broker::statements::tenancy::ReshardTenants as fairway_broker::db::sql::Statement>::SQL;

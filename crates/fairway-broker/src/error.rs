@@ -64,6 +64,10 @@ pub enum BrokerError {
     /// PostgreSQL answered with an error this code did not expect.
     #[error("database error: {}", fairway_pg::describe(.0))]
     Database(#[source] tokio_postgres::Error),
+
+    /// Installing or dropping a set of server functions failed.
+    #[error(transparent)]
+    Schema(#[from] crate::db::DbError),
 }
 
 impl From<fairway_api::Invalid> for BrokerError {

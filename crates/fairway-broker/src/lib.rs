@@ -53,8 +53,9 @@ pub use error::BrokerError;
 pub use jobs::bulk::{BulkAction, BulkOutcome, JobFilter};
 pub use jobs::{IdempotencyKey, Jobs, RetriedJob, Submission};
 pub use maintenance::{
-    AskFlusher, Maintenance, MaintenanceLeader, Promoter, PruneBatch, PrunedJob, Pruner,
-    QueueWaitReader, Reaper, Resharder, Running, StrategyRunningFolder, Upkeep, Upkeeps, Vacuum,
+    AskFlusher, FunctionSetMarker, FunctionSetPruner, Maintenance, MaintenanceLeader, Promoter,
+    PruneBatch, PrunedJob, Pruner, QueueWaitReader, Reaper, Resharder, Running,
+    StrategyRunningFolder, Upkeep, Upkeeps, Vacuum,
 };
 pub use policies::Policies;
 pub use signals::WorkSignals;

@@ -66,6 +66,14 @@ pub struct ServeArgs {
     #[arg(long, env = "FAIRWAY_PRESTOP_DELAY", default_value = "5s", value_parser = humantime::parse_duration)]
     pub prestop_delay: Duration,
 
+    /// How long a set of server functions stays in the database once no broker uses it. Each
+    /// release installs its functions into a schema of its own, so that brokers of two releases
+    /// run side by side during an upgrade or a rollback; every broker marks its set as in use
+    /// every quarter of this (at most every minute), and the maintenance leader drops the sets
+    /// nobody marked within it.
+    #[arg(long, env = "FAIRWAY_FUNCTION_SET_RETENTION", default_value = "1h", value_parser = positive_duration)]
+    pub function_set_retention: Duration,
+
     /// Largest request body accepted, in bytes; larger bodies get 413.
     #[arg(long, env = "FAIRWAY_MAX_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_body_bytes: usize,
@@ -119,6 +127,7 @@ impl ServeArgs {
             querier_forget_delay: Duration::from_secs(60),
             shutdown_timeout: Duration::from_secs(20),
             prestop_delay: Duration::from_millis(100),
+            function_set_retention: Duration::from_secs(60 * 60),
             max_body_bytes: 1024 * 1024,
             long_poll_max: Duration::from_secs(60),
             batches: BatchArgs { claim_lanes: 4, ending_lanes: 1, batch_max: 32 },

@@ -91,7 +91,10 @@ impl ApiError {
             Self::Broker(BrokerError::Unavailable(_)) => "database_unavailable",
             Self::Broker(BrokerError::Contended { .. }) => "database_contention",
             Self::Broker(
-                BrokerError::Database(_) | BrokerError::BatchLost | BrokerError::Metrics(_),
+                BrokerError::Database(_)
+                | BrokerError::Schema(_)
+                | BrokerError::BatchLost
+                | BrokerError::Metrics(_),
             ) => "internal_error",
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::NoSuchRoute { .. } => "not_found",
@@ -119,7 +122,10 @@ impl ResponseError for ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Self::Broker(
-                BrokerError::Database(_) | BrokerError::BatchLost | BrokerError::Metrics(_),
+                BrokerError::Database(_)
+                | BrokerError::Schema(_)
+                | BrokerError::BatchLost
+                | BrokerError::Metrics(_),
             ) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::NoSuchRoute { .. } => StatusCode::NOT_FOUND,

@@ -19,9 +19,9 @@ use fairway_broker::auth::{self, Authenticator};
 use fairway_broker::db::{self, DbError};
 use fairway_broker::metrics::Metrics;
 use fairway_broker::{
-    AskFlusher, Broker, BrokerError, BrokerSettings, MaintenanceLeader, Promoter, Pruner,
-    QueueWaitReader, Reaper, Resharder, Running, StrategyRunningFolder, Upkeeps, Vacuum,
-    WorkSignals,
+    AskFlusher, Broker, BrokerError, BrokerSettings, FunctionSetMarker, FunctionSetPruner,
+    MaintenanceLeader, Promoter, Pruner, QueueWaitReader, Reaper, Resharder, Running,
+    StrategyRunningFolder, Upkeeps, Vacuum, WorkSignals,
 };
 use fairway_pg::Database;
 
@@ -300,9 +300,10 @@ pub fn broker(pool: Pool, args: &ServeArgs, signals: WorkSignals) -> Result<Brok
 }
 
 /// The broker's upkeep, as `serve` runs it beside the HTTP server: what each broker does for
-/// itself (the asks for work it saw, its queue waits, its token cache) on every broker, and the
-/// upkeeps that work on the whole database on the maintenance leader only: the reaper, the
-/// resharder, the strategies' fold, the promoter, the vacuum unless `--vacuum-interval` is
+/// itself (the asks for work it saw, its queue waits, its token cache, marking its server
+/// functions as in use) on every broker, and the upkeeps that work on the whole database on the
+/// maintenance leader only: the reaper, the resharder, the strategies' fold, the promoter, the
+/// pruning of unused server functions, the vacuum unless `--vacuum-interval` is
 /// zero, and the pruner unless `--retention` is zero.
 pub fn maintain(
     broker: &Broker,
@@ -314,7 +315,8 @@ pub fn maintain(
     let maintenance = broker.maintenance();
     let mut own = Upkeeps::new(metrics.clone())
         .with(AskFlusher::new(maintenance))
-        .with(QueueWaitReader::new(maintenance));
+        .with(QueueWaitReader::new(maintenance))
+        .with(FunctionSetMarker::new(maintenance, args.function_set_retention));
     if let Some(authenticator) = authenticator {
         own = own.with(authenticator);
     }
@@ -322,7 +324,8 @@ pub fn maintain(
         .with(Reaper::new(maintenance, args.reap_interval))
         .with(Resharder::new(broker.tenancy(), args.reap_interval))
         .with(StrategyRunningFolder::new(maintenance, args.reap_interval))
-        .with(Promoter::new(maintenance, args.retry.promote_interval));
+        .with(Promoter::new(maintenance, args.retry.promote_interval))
+        .with(FunctionSetPruner::new(maintenance, args.function_set_retention));
     if !args.vacuum.vacuum_interval.is_zero() {
         shared = shared.with(Vacuum::new(maintenance, args.vacuum.vacuum_interval));
     }

@@ -1,17 +1,29 @@
 //! The server functions, one file each in the workspace's `sql/`, in the folder of the duty they
-//! serve (`sql/claims/claim_items.sql`), installed as one set after the migrations. The database
-//! records which set it holds (`fairway_functions`), so that a broker carrying the same set does
-//! nothing and one carrying an older set refuses to start rather than overwrite newer functions.
+//! serve (`sql/claims/claim_items.sql`).
+//!
+//! Each build installs its set into a schema of its own, named by its revision and digest
+//! ([`schema`]), and its connections find the set first on their `search_path`
+//! (`pool::connect`). Brokers of two releases on one database therefore each call their own
+//! functions, and neither replaces the other's: what lets a release roll forward and back
+//! without a stop. `function_sets` records every set, and when a broker last used it; the
+//! maintenance leader drops a set nobody has used for a while ([`prune`]).
+//!
+//! Trigger bindings belong to the tables, not to a set, so one set owns them: the newest, by
+//! revision. Its trigger functions then see the writes of every broker, older ones included,
+//! which is why a trigger function, like a migration, may only grow within a release.
+
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use tokio_postgres::Transaction;
+use tokio_postgres::{GenericClient, Transaction};
 
 use super::DbError;
 
-/// Raise this whenever a function's file changes, and pin the new digest in the
-/// tests below: it is how brokers tell an older function set from a newer one. A unit test
-/// fails until both match the files.
-pub const REVISION: i32 = 36;
+/// Raise this whenever a function's file changes, and pin the new digest in the tests below:
+/// it is how brokers tell which of two sets is the newer, the one that owns the triggers. A
+/// unit test fails until both match the files. The upgrade drill's build is one revision on.
+pub const REVISION: i32 = if cfg!(feature = "upgrade-drill") { 37 } else { 36 };
 
 /// One server function's file: a function named as the file, and for a trigger function the
 /// trigger bindings that call it (a binding can only be made once its function exists).
@@ -23,10 +35,23 @@ pub struct FunctionFile {
     pub text: &'static str,
 }
 
+/// Where a trigger function's file turns from the function to its bindings.
+const BINDING: &str = "\nCREATE OR REPLACE TRIGGER ";
+
 impl FunctionFile {
     /// The file's path in the workspace, for messages.
     pub fn path(&self) -> String {
         format!("sql/{}/{}.sql", self.duty, self.name)
+    }
+
+    /// The function's definition, without its trigger bindings.
+    pub fn definition(&self) -> &'static str {
+        self.text.find(BINDING).map_or(self.text, |at| &self.text[..at])
+    }
+
+    /// The trigger bindings that call the function, if it is a trigger function.
+    pub fn bindings(&self) -> Option<&'static str> {
+        self.text.find(BINDING).map(|at| &self.text[at..])
     }
 }
 
@@ -46,66 +71,178 @@ pub fn digest() -> String {
     format!("{:x}", hasher.finalize())
 }
 
-/// Brings the database's functions to this broker's set, inside `transaction`, which the
-/// caller commits. The caller holds the migration lock, so no other broker installs meanwhile.
+/// The schema this build's set lives in: `fairway_r<revision>_<first 8 digits of the digest>`,
+/// so that two builds whose files differ never share one, even at one revision.
+pub fn schema() -> &'static str {
+    static SCHEMA: OnceLock<String> = OnceLock::new();
+    SCHEMA.get_or_init(|| format!("fairway_r{REVISION}_{}", &digest()[..8]))
+}
+
+/// The `search_path` of every connection of this build: its functions, then the tables.
+pub fn search_path() -> String {
+    format!("{},public", schema())
+}
+
+/// How long a change to the trigger bindings waits for the tables' locks before it gives up
+/// and tries again, rather than queue every claim behind it.
+const BINDING_LOCK_TIMEOUT: &str = "2s";
+
+/// Makes sure the database holds this build's set, inside `transaction`, which the caller
+/// commits, and marks it as in use. The caller holds the migration lock, so no other broker
+/// installs or prunes meanwhile. A set of the same schema is this build's own, since the
+/// schema names the digest; its row is checked all the same.
 pub async fn install(transaction: &Transaction<'_>) -> Result<(), DbError> {
+    let schema = schema();
     let digest = digest();
-    let installed = transaction
-        .query_opt("SELECT revision, digest FROM fairway_functions FOR UPDATE", &[])
+    let recorded = transaction
+        .query_opt("SELECT digest FROM function_sets WHERE schema_name = $1 FOR UPDATE", &[&schema])
         .await?;
-    if let Some(row) = installed {
-        let (revision, installed_digest): (i32, String) = (row.try_get(0)?, row.try_get(1)?);
-        if revision > REVISION {
-            return Err(DbError::NewerFunctions { installed: revision, carried: REVISION });
-        }
-        if revision == REVISION {
-            if installed_digest == digest {
-                return Ok(());
+    match recorded {
+        Some(row) => {
+            if row.try_get::<_, String>(0)? != digest {
+                return Err(DbError::FunctionsDiffer { schema: schema.to_owned() });
             }
-            return Err(DbError::FunctionsDiffer { revision });
+            mark_in_use(transaction).await?;
+        }
+        None => {
+            // A schema without its row is what a failed install or a hand-made copy leaves.
+            transaction
+                .batch_execute(&format!(
+                    "DROP SCHEMA IF EXISTS {schema} CASCADE;
+                     CREATE SCHEMA {schema};
+                     SET LOCAL search_path = {};",
+                    search_path()
+                ))
+                .await?;
+            for file in FILES {
+                transaction
+                    .batch_execute(file.definition())
+                    .await
+                    .map_err(|source| DbError::FunctionFile { path: file.path(), source })?;
+            }
+            transaction
+                .execute(
+                    "INSERT INTO function_sets (schema_name, revision, digest, version)
+                     VALUES ($1, $2, $3, $4)",
+                    &[&schema, &REVISION, &digest, &env!("CARGO_PKG_VERSION")],
+                )
+                .await?;
+            tracing::info!(revision = REVISION, schema, "installed the server functions");
         }
     }
-    drop_installed(transaction).await?;
-    for file in FILES {
-        transaction
-            .batch_execute(file.text)
-            .await
-            .map_err(|source| DbError::FunctionFile { path: file.path(), source })?;
-    }
-    let names: Vec<&str> = FILES.iter().map(|file| file.name).collect();
-    transaction
+    bind_triggers(transaction).await
+}
+
+/// Records that a broker of this build used its set just now. False when the set is gone:
+/// it was pruned while this broker could not mark it, and must be installed again.
+pub async fn mark_in_use<C: GenericClient>(client: &C) -> Result<bool, DbError> {
+    let marked = client
         .execute(
-            "INSERT INTO fairway_functions (revision, digest, signatures)
-             SELECT $1, $2, array_agg(p.oid::regprocedure::text ORDER BY p.proname)
-               FROM pg_proc p
-              WHERE p.pronamespace = current_schema()::regnamespace
-                AND p.proname = ANY($3)
-             ON CONFLICT (singleton) DO UPDATE
-                SET revision = EXCLUDED.revision,
-                    digest = EXCLUDED.digest,
-                    signatures = EXCLUDED.signatures,
-                    installed_at = now()",
-            &[&REVISION, &digest, &names],
+            "UPDATE function_sets SET last_used_at = now(), version = $2 WHERE schema_name = $1",
+            &[&schema(), &env!("CARGO_PKG_VERSION")],
         )
         .await?;
-    tracing::info!(revision = REVISION, %digest, "installed the server functions");
+    Ok(marked == 1)
+}
+
+/// Gives every trigger binding to this build's set when it is the newest the database holds,
+/// dropping the bindings of older sets first; leaves them alone when a newer set owns them, or
+/// when this set already does.
+async fn bind_triggers(transaction: &Transaction<'_>) -> Result<(), DbError> {
+    let newest: String = transaction
+        .query_one(
+            "SELECT schema_name FROM function_sets ORDER BY revision DESC, installed_at DESC LIMIT 1",
+            &[],
+        )
+        .await?
+        .try_get(0)?;
+    if newest != schema() {
+        return Ok(());
+    }
+    let bindings: Vec<&str> = FILES.iter().filter_map(FunctionFile::bindings).collect();
+    let trigger_functions: Vec<&str> =
+        FILES.iter().filter(|file| file.bindings().is_some()).map(|file| file.name).collect();
+    let wanted = bindings.iter().map(|text| text.matches(BINDING).count()).sum::<usize>();
+    // Every binding a set made: one calling a function of a registered set, or one of the
+    // trigger functions of the set that lived in public.
+    let current = transaction
+        .query(
+            "SELECT n.nspname::text, format('DROP TRIGGER %I ON %s', t.tgname, t.tgrelid::regclass)
+               FROM pg_trigger t
+               JOIN pg_proc p ON p.oid = t.tgfoid
+               JOIN pg_namespace n ON n.oid = p.pronamespace
+              WHERE NOT t.tgisinternal
+                AND (n.nspname IN (SELECT schema_name FROM function_sets)
+                     OR (n.nspname = 'public' AND p.proname = ANY($1)))",
+            &[&trigger_functions],
+        )
+        .await?;
+    let owners: Vec<&str> = current.iter().map(|row| row.try_get(0)).collect::<Result<_, _>>()?;
+    if owners.len() == wanted && owners.iter().all(|owner| *owner == schema()) {
+        return Ok(());
+    }
+    transaction
+        .batch_execute(&format!(
+            "SET LOCAL lock_timeout = '{BINDING_LOCK_TIMEOUT}';
+             SET LOCAL search_path = {};",
+            search_path()
+        ))
+        .await?;
+    for binding in &current {
+        transaction.batch_execute(binding.try_get::<_, &str>(1)?).await?;
+    }
+    for text in bindings {
+        transaction.batch_execute(text).await?;
+    }
+    tracing::info!(schema = schema(), "the trigger bindings call this build's functions");
     Ok(())
 }
 
-/// Drops the functions the previous set installed, so that one whose signature changed, or
-/// that the new set no longer has, does not linger beside its replacement. CASCADE takes the
-/// trigger bindings with them; their files make them again.
-async fn drop_installed(transaction: &Transaction<'_>) -> Result<(), DbError> {
-    let row = transaction.query_opt("SELECT signatures FROM fairway_functions", &[]).await?;
-    let signatures: Vec<String> = match row {
-        Some(row) => row.try_get(0)?,
-        None => return Ok(()),
+/// Drops the sets no broker has used for `retention`, inside `transaction`, which the caller
+/// commits while holding the migration lock. A set newer than this build's owns the triggers,
+/// so it goes only together with every newer set, and this build's set then takes the
+/// bindings over; this build's own set never goes. Returns the schemas dropped.
+pub async fn prune(
+    transaction: &Transaction<'_>,
+    retention: Duration,
+) -> Result<Vec<String>, DbError> {
+    let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+    let sets = transaction
+        .query(
+            "SELECT schema_name, revision,
+                    last_used_at < now() - make_interval(secs => $1::bigint / 1000.0)
+               FROM function_sets
+              ORDER BY revision, installed_at
+                FOR UPDATE",
+            &[&retention_ms],
+        )
+        .await?;
+    let mine = schema();
+    let Some(position) = sets.iter().position(|row| row.get::<_, &str>(0) == mine) else {
+        return Ok(Vec::new());
     };
-    for signature in signatures {
-        // A signature comes from regprocedure's own output, which quotes what needs quoting.
-        transaction.batch_execute(&format!("DROP FUNCTION IF EXISTS {signature} CASCADE")).await?;
+    let (older, newer) = (&sets[..position], &sets[position + 1..]);
+    let newer_all_unused = newer.iter().all(|row| row.get::<_, bool>(2));
+    let mut dropped = Vec::new();
+    for row in older.iter().chain(if newer_all_unused { newer } else { &[] }) {
+        if row.try_get::<_, bool>(2)? {
+            dropped.push(row.try_get::<_, String>(0)?);
+        }
     }
-    Ok(())
+    if dropped.is_empty() {
+        return Ok(dropped);
+    }
+    transaction
+        .batch_execute(&format!("SET LOCAL lock_timeout = '{BINDING_LOCK_TIMEOUT}'"))
+        .await?;
+    for schema in &dropped {
+        transaction.execute("DELETE FROM function_sets WHERE schema_name = $1", &[schema]).await?;
+        // CASCADE takes any trigger binding that called the set; bind_triggers makes it again.
+        transaction.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await?;
+        tracing::info!(schema, "dropped a set of server functions no broker has used");
+    }
+    bind_triggers(transaction).await?;
+    Ok(dropped)
 }
 
 #[cfg(test)]
@@ -113,8 +250,10 @@ mod tests {
     use super::*;
 
     /// The digest of the files at [`REVISION`].
+    #[cfg(not(feature = "upgrade-drill"))]
     const PINNED_DIGEST: &str = "848a8ebfa7bf686673470ad8931e42bd4da6b857adc7196eb815410540890b2b";
 
+    #[cfg(not(feature = "upgrade-drill"))]
     #[test]
     fn the_digest_is_pinned_for_this_revision() {
         assert_eq!(
@@ -124,6 +263,28 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_trigger_functions_file_splits_into_the_function_and_its_bindings() {
+        let file = FILES.iter().find(|file| file.name == "lower_ready_from").expect("listed");
+        let bindings = file.bindings().expect("a trigger function");
+        assert!(bindings
+            .trim_start()
+            .starts_with("CREATE OR REPLACE TRIGGER work_items_ready_again"));
+        assert!(!file.definition().contains("CREATE OR REPLACE TRIGGER"));
+        assert_eq!(file.definition().len() + bindings.len(), file.text.len());
+        let plain = FILES.iter().find(|file| file.name == "finish_jobs").expect("listed");
+        assert_eq!((plain.definition(), plain.bindings()), (plain.text, None));
+    }
+
+    #[test]
+    fn the_schema_names_the_revision_and_the_digest() {
+        assert_eq!(schema(), format!("fairway_r{REVISION}_{}", &digest()[..8]));
+        assert!(schema()
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
+    }
+
+    #[cfg(not(feature = "upgrade-drill"))]
     #[test]
     fn every_file_of_sql_is_installed_once_in_name_order() {
         let sql = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sql");

@@ -1,9 +1,15 @@
 //! The schema: numbered migrations from `migrations/` (tables, indexes, constraints), then the
 //! server functions of the workspace's `sql/`, both under one advisory lock so that brokers
 //! starting together take turns.
+//!
+//! Migrations only add within a release (docs/schema.md), so a broker works beside migrations
+//! newer than its own: during a rolling upgrade, and after a rollback, an older broker finds
+//! the newer release's migrations applied, and starts.
 
 use deadpool_postgres::Pool;
+use refinery::{Migration, Runner};
 use sha2::{Digest, Sha256};
+use tokio_postgres::error::SqlState;
 
 use super::{describe_pool_error, functions, DbError};
 
@@ -11,8 +17,30 @@ mod embedded {
     refinery::embed_migrations!("../../migrations");
 }
 
+/// The upgrade drill's own migration (tests/upgrade), numbered far past any release's.
+#[cfg(feature = "upgrade-drill")]
+const DRILL_MIGRATION: (&str, &str) =
+    ("V9000__upgrade_drill", include_str!("../../../../tests/upgrade/drill_migration.sql"));
+
+/// This build's migrations, in order.
+fn carried() -> Vec<Migration> {
+    #[allow(unused_mut)]
+    let mut carried = embedded::migrations::runner().get_migrations().clone();
+    #[cfg(feature = "upgrade-drill")]
+    carried.push(
+        Migration::unapplied(DRILL_MIGRATION.0, DRILL_MIGRATION.1)
+            .expect("the drill's migration is named as refinery wants"),
+    );
+    carried.sort();
+    carried
+}
+
 /// Serialises schema changes between brokers that start at the same time.
 const MIGRATION_LOCK: i64 = 0x0066_6169_7277_6179; // "fairway"
+
+/// How often a start tries to move the trigger bindings, each try waiting a little for the
+/// tables' locks, before it gives up.
+const BINDING_ATTEMPTS: u32 = 5;
 
 /// Where refinery records the migrations applied. Not refinery's default name, so that a
 /// database made by the unfolded migration chain, which used the default, is recognised.
@@ -38,26 +66,96 @@ pub async fn run(pool: &Pool) -> Result<(), DbError> {
         return Ok(());
     }
     let client: &mut tokio_postgres::Client = &mut client;
+    // The pool's connections search this build's functions first, where unqualified names
+    // would be created: the tables and refinery's history belong in public.
+    client.batch_execute("SET search_path = public").await?;
     client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK]).await?;
-    let outcome = migrate(client).await;
+    let mut attempt = 1;
+    let outcome = loop {
+        match migrate(client).await {
+            Err(DbError::Postgres(error))
+                if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
+                    && attempt < BINDING_ATTEMPTS =>
+            {
+                tracing::warn!(
+                    attempt,
+                    "the tables stayed busy while the trigger bindings changed hands; trying again"
+                );
+                attempt += 1;
+            }
+            outcome => break outcome,
+        }
+    };
     client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK]).await?;
+    client.batch_execute("RESET search_path").await?;
     outcome
 }
 
 async fn migrate(client: &mut tokio_postgres::Client) -> Result<(), DbError> {
     refuse_unknown_schema(client).await?;
-    let report = embedded::migrations::runner()
-        .set_migration_table_name(HISTORY_TABLE)
-        .run_async(client)
-        .await
-        .map_err(|error| DbError::Migration(fairway_pg::describe(&error)))?;
-    for migration in report.applied_migrations() {
-        tracing::info!(migration = %migration, "applied migration");
+    if newer_than_carried(client).await? {
+        tracing::info!(
+            carried = latest(),
+            "the database holds migrations newer than this broker's, which only add to the \
+             schema: working beside them"
+        );
+    } else {
+        let report = Runner::new(&carried())
+            .set_migration_table_name(HISTORY_TABLE)
+            .run_async(client)
+            .await
+            .map_err(|error| DbError::Migration(fairway_pg::describe(&error)))?;
+        for migration in report.applied_migrations() {
+            tracing::info!(migration = %migration, "applied migration");
+        }
     }
     let transaction = client.transaction().await?;
     functions::install(&transaction).await?;
     transaction.commit().await?;
     Ok(())
+}
+
+/// Drops the sets of server functions no broker has used for `retention`
+/// ([`functions::prune`]), under the migration lock, so that no broker installs meanwhile.
+/// Returns the schemas dropped.
+pub async fn prune_function_sets(
+    client: &mut tokio_postgres::Client,
+    retention: std::time::Duration,
+) -> Result<Vec<String>, DbError> {
+    let transaction = client.transaction().await?;
+    transaction.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
+    let dropped = functions::prune(&transaction, retention).await?;
+    transaction.commit().await?;
+    Ok(dropped)
+}
+
+/// Whether the database holds a migration this broker does not carry. Every one it carries
+/// must then be applied already, or the two builds' histories diverge and the broker refuses.
+async fn newer_than_carried(client: &tokio_postgres::Client) -> Result<bool, DbError> {
+    let exists = client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&HISTORY_TABLE]).await?;
+    if !exists.try_get::<_, bool>(0)? {
+        return Ok(false);
+    }
+    let applied: Vec<(i64, String)> = client
+        .query(&format!("SELECT version, name FROM {HISTORY_TABLE} ORDER BY version"), &[])
+        .await?
+        .iter()
+        .map(|row| Ok((i64::from(row.try_get::<_, i32>(0)?), row.try_get(1)?)))
+        .collect::<Result<_, tokio_postgres::Error>>()?;
+    let carried: Vec<(i64, String)> = carried()
+        .iter()
+        .map(|migration| (i64::from(migration.version()), migration.name().to_owned()))
+        .collect();
+    let named = |(version, name): &(i64, String)| format!("V{version}__{name}");
+    let Some(unknown) = applied.iter().find(|migration| !carried.contains(migration)) else {
+        return Ok(false);
+    };
+    match carried.iter().find(|migration| !applied.contains(migration)) {
+        Some(missing) => {
+            Err(DbError::DivergentMigrations { unknown: named(unknown), missing: named(missing) })
+        }
+        None => Ok(true),
+    }
 }
 
 /// A database with fairway's tables but without this broker's migration history came from
@@ -97,20 +195,16 @@ async fn refuse_unknown_schema(client: &tokio_postgres::Client) -> Result<(), Db
 
 /// The last migration this build carries, as `V<n>__<name>`.
 pub fn latest() -> String {
-    embedded::migrations::runner()
-        .get_migrations()
-        .iter()
-        .max_by_key(|migration| migration.version())
-        .map_or_else(
-            || "none".to_owned(),
-            |migration| format!("V{}__{}", migration.version(), migration.name()),
-        )
+    carried().iter().max_by_key(|migration| migration.version()).map_or_else(
+        || "none".to_owned(),
+        |migration| format!("V{}__{}", migration.version(), migration.name()),
+    )
 }
 
 /// SHA-256 over every migration and the function set: equal digests, equal schemas.
 pub fn digest() -> String {
     let mut hasher = Sha256::new();
-    for migration in embedded::migrations::runner().get_migrations() {
+    for migration in carried() {
         hasher.update(migration.to_string().as_bytes());
         hasher.update(migration.sql().unwrap_or_default().as_bytes());
     }

@@ -24,14 +24,29 @@ row! {
 }
 
 statement! {
-    /// The server functions' revision and the last migration the database holds.
+    /// The last migration the database holds.
     InstalledSchema = "installed_schema" -> InstalledSchemaRow {}
 }
 
 row! {
     InstalledSchemaRow {
-        functions_revision: Option<i32>,
         schema_migration: Option<String>,
+    }
+}
+
+statement! {
+    /// Every set of server functions the database holds.
+    ListFunctionSets = "list_function_sets" -> FunctionSetRow {}
+}
+
+row! {
+    FunctionSetRow {
+        schema: String,
+        revision: i32,
+        version: String,
+        installed_at: chrono::DateTime<chrono::Utc>,
+        last_used_at: chrono::DateTime<chrono::Utc>,
+        owns_triggers: bool,
     }
 }
 
@@ -75,18 +90,17 @@ pub enum DbError {
     )]
     ForeignSchema,
     #[error(
-        "this database holds server functions of revision {installed}, newer than this broker's \
-         revision {carried}; a broker never replaces newer functions with older ones. Nothing \
-         was changed: run the newer broker, or stop every newer broker and restore an older \
-         database"
+        "the database records the set of server functions in schema {schema} with text other \
+         than this broker's; nothing was changed. A build changed a function's file without \
+         raising the revision (crates/fairway-broker/src/db/functions.rs), or the row was edited"
     )]
-    NewerFunctions { installed: i32, carried: i32 },
+    FunctionsDiffer { schema: String },
     #[error(
-        "this database holds server functions of revision {revision} whose text differs from \
-         this broker's revision {revision}; nothing was changed. A build changed \
-         a function's file without raising the revision (crates/fairway-broker/src/db/functions.rs)"
+        "this database holds migration {unknown}, which this broker does not carry, but lacks \
+         this broker's migration {missing}: the two come from diverging builds. Nothing was \
+         changed"
     )]
-    FunctionsDiffer { revision: i32 },
+    DivergentMigrations { unknown: String, missing: String },
     #[error("installing {path} failed: {}", fairway_pg::describe(source))]
     FunctionFile { path: String, source: tokio_postgres::Error },
     #[error("{}", fairway_pg::describe(.0))]

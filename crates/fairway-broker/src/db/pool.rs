@@ -9,17 +9,18 @@ use deadpool_postgres::{
 use fairway_pg::{Database, Tls};
 use tokio::task::JoinHandle;
 
-use super::DbError;
+use super::{functions, DbError};
 
 /// How long a request waits for a pooled connection before it is told the database is
 /// unavailable (503), rather than hanging.
 const CONNECTION_WAIT: Duration = Duration::from_secs(10);
 
-/// A pool of `size` connections to `database`, secured as its connection string says.
-/// Connections are opened on demand.
+/// A pool of `size` connections to `database`, secured as its connection string says, that
+/// find this build's server functions first (`functions::search_path`). Connections are
+/// opened on demand.
 pub fn connect(database: &Database, size: usize) -> Result<Pool, DbError> {
     let manager = Manager::from_connect(
-        database.config().clone(),
+        with_search_path(database.config()),
         ExplainedConnect { tls: database.tls() },
         ManagerConfig { recycling_method: RecyclingMethod::Fast },
     );
@@ -34,6 +35,18 @@ pub fn connect(database: &Database, size: usize) -> Result<Pool, DbError> {
         .create_timeout(Some(CONNECTION_WAIT))
         .build()
         .map_err(|error| DbError::Pool(fairway_pg::describe(&error)))
+}
+
+/// `config` with this build's `search_path` added to the options it sends at connection.
+pub fn with_search_path(config: &tokio_postgres::Config) -> tokio_postgres::Config {
+    let mut config = config.clone();
+    let setting = format!("-c search_path={}", functions::search_path());
+    let options = match config.get_options() {
+        Some(given) if !given.is_empty() => format!("{given} {setting}"),
+        _ => setting,
+    };
+    config.options(&options);
+    config
 }
 
 /// Opens the pool's connections as deadpool's own connector does, but logs a connection that

@@ -6,9 +6,9 @@ use super::statements::{ListUserShares, ListUserWork, StrategyUsageOf};
 use super::Maintenance;
 use crate::core::snapshot;
 use crate::counters;
-use crate::db::{self, sql, InstalledSchema};
+use crate::db::{self, sql, InstalledSchema, ListFunctionSets};
 use crate::error::BrokerError;
-use fairway_api::build::{InstalledDocument, VersionDocument};
+use fairway_api::build::{FunctionSetDocument, InstalledDocument, VersionDocument};
 use fairway_api::model::{Mismatch, StrategyUsage, UserShare, UserWorkCursor, UserWorkRow};
 
 impl Maintenance {
@@ -17,13 +17,25 @@ impl Maintenance {
     pub async fn version(&self) -> Result<VersionDocument, BrokerError> {
         let client = self.core.client().await?;
         let installed = sql::fetch_one(&client, &InstalledSchema {}).await?;
+        let sets = sql::fetch_all(&client, &ListFunctionSets {}).await?;
         Ok(VersionDocument {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             functions_revision: db::functions::REVISION,
+            functions_schema: db::functions::schema().to_owned(),
             schema_migration: db::migrations::latest(),
             database: InstalledDocument {
-                functions_revision: installed.functions_revision,
                 schema_migration: installed.schema_migration,
+                function_sets: sets
+                    .into_iter()
+                    .map(|set| FunctionSetDocument {
+                        schema: set.schema,
+                        revision: set.revision,
+                        version: set.version,
+                        installed_at: set.installed_at,
+                        last_used_at: set.last_used_at,
+                        owns_triggers: set.owns_triggers,
+                    })
+                    .collect(),
             },
         })
     }

@@ -1,10 +1,11 @@
 //! The broker's background duties, each a type that owns its settings and its pass
 //! ([`Upkeep`]), which `serve` starts: the lease reaper, the querier and shard upkeep, the
-//! promoter, the pruner, the vacuum, the strategies' log fold, and the asks and queue waits
-//! that the metrics read. Also what operators read to check the counters (`inspection.rs`)
+//! promoter, the pruner, the vacuum, the strategies' log fold, the sets of server functions,
+//! and the asks and queue waits that the metrics read. Also what operators read to check the counters (`inspection.rs`)
 //! and the metrics snapshot (`observe.rs`).
 
 mod folder;
+mod function_sets;
 mod inspection;
 mod leader;
 mod observe;
@@ -30,6 +31,7 @@ use crate::endings::Endings;
 use crate::error::BrokerError;
 use crate::metrics::Metrics;
 pub use folder::StrategyRunningFolder;
+pub use function_sets::{FunctionSetMarker, FunctionSetPruner};
 pub use leader::MaintenanceLeader;
 pub use observe::{AskFlusher, QueueWaitReader};
 pub use promoter::Promoter;

@@ -427,21 +427,32 @@ fn policies_table(policies: &[ServicePolicyDocument]) -> Table {
 }
 
 fn version_table(version: &VersionDocument) -> Table {
-    let mut table = table(&["of", "release", "functions revision", "schema migration"]);
+    let mut table = table(&["of", "release", "functions", "schema migration", "last used"]);
     table.add_row(vec![
         "broker".to_owned(),
         version.version.clone(),
-        version.functions_revision.to_string(),
+        format!("{} (revision {})", version.functions_schema, version.functions_revision),
         version.schema_migration.clone(),
+        "–".to_owned(),
     ]);
     let database = &version.database;
-    let or_none = |value: Option<String>| value.unwrap_or_else(|| "none".to_owned());
     table.add_row(vec![
         "database".to_owned(),
         "–".to_owned(),
-        or_none(database.functions_revision.map(|revision| revision.to_string())),
-        or_none(database.schema_migration.clone()),
+        "–".to_owned(),
+        database.schema_migration.clone().unwrap_or_else(|| "none".to_owned()),
+        "–".to_owned(),
     ]);
+    for set in &database.function_sets {
+        let triggers = if set.owns_triggers { ", triggers" } else { "" };
+        table.add_row(vec![
+            "function set".to_owned(),
+            set.version.clone(),
+            format!("{} (revision {}{triggers})", set.schema, set.revision),
+            "–".to_owned(),
+            when(Some(set.last_used_at)),
+        ]);
+    }
     table
 }
 
