@@ -20,7 +20,7 @@ TEST_TOOLS = FAIRWAY_TEST_PYTHON=$(abspath $(PYTOOLS))/bin/python FAIRWAY_TEST_K
 # Test-only code the tests compile in: crates/fairway-broker/src/faults.rs.
 TEST_FEATURES := --features fairway/fault-injection
 
-.PHONY: run test requirements lint bench bench-quick bench-scale demo k8s-validate chaos soak version
+.PHONY: run test requirements lint bench bench-quick bench-scale demo k8s-validate chaos soak version upgrade-test
 
 ## Build and start the broker on 127.0.0.1:8080, on its private PostgreSQL unless DATABASE_URL is set.
 run:
@@ -92,6 +92,30 @@ chaos:
 	$(CARGO) build --release --bin fairway
 	./target/release/fairway chaos --out target/chaos
 
+## A rolling upgrade under load (tests/api/upgrade.rs): two brokers of the previous release,
+## built from git history, replaced one at a time by this tree's, then by a drill release (this
+## tree with the test-only `upgrade-drill` feature) and back. Each build has a target folder of
+## its own under target/upgrade (two trees' crates of one name cannot share one), so that
+## neither touches target/debug.
+PREVIOUS_RELEASE := 1771533
+UPGRADE := target/upgrade
+UPGRADE_SOURCE := $(UPGRADE)/src/$(PREVIOUS_RELEASE)
+upgrade-test: export FAIRWAY_REQUIRE_TOOLS = 1
+upgrade-test:
+	@git cat-file -e $(PREVIOUS_RELEASE)^{commit} 2>/dev/null || { \
+		echo "upgrade-test: commit $(PREVIOUS_RELEASE) (the previous release) is not in this clone's history; fetch it (git fetch --unshallow)" >&2; exit 1; }
+	@if [ ! -f $(UPGRADE_SOURCE)/Cargo.toml ]; then \
+		rm -rf $(UPGRADE_SOURCE) && mkdir -p $(UPGRADE_SOURCE) && \
+		git archive $(PREVIOUS_RELEASE) | tar -x -C $(UPGRADE_SOURCE); fi
+	cd $(UPGRADE_SOURCE) && CARGO_TARGET_DIR=$(abspath $(UPGRADE))/previous $(CARGO) build --locked --bin fairway
+	CARGO_TARGET_DIR=$(UPGRADE)/drill $(CARGO) build --bin fairway --features fairway/upgrade-drill
+	$(CARGO) build --bin fairway
+	FAIRWAY_PREVIOUS_RELEASE=$(abspath $(UPGRADE))/previous/debug/fairway \
+	FAIRWAY_DRILL_RELEASE=$(abspath $(UPGRADE))/drill/debug/fairway \
+	./target/debug/fairway postgres --data-dir $(UPGRADE)/postgres --ephemeral -- \
+		$(CARGO) test $(TEST_FEATURES) --test api -- --ignored --exact --nocapture \
+		upgrade::a_rolling_upgrade_and_its_rollback_under_load_lose_nothing
+
 ## The same load without faults for DURATION, sampling the brokers' memory and the tables' sizes
 ## every 10 s into target/soak/soak.csv.
 DURATION ?= 10m
@@ -106,6 +130,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --workspace --all-targets $(TEST_FEATURES) -- -D warnings
 	$(CARGO) check --tests --features containers
+	$(CARGO) clippy -p fairway-broker --features upgrade-drill -- -D warnings
 	clients/python/run-tests.sh lint
 
 ## Fair sharing, shown: a broker on a throwaway cluster, worker pods, and three users arriving
@@ -128,4 +153,5 @@ version:
 	sed -i -E 's/^version = "[^"]+"$$/version = "$(VERSION)"/' Cargo.toml clients/python/pyproject.toml
 	sed -i -E 's/^(fairway-(api|client) = \{ path = "[^"]+", version = ")[^"]+"/\1$(VERSION)"/' Cargo.toml
 	sed -i -E 's/(org\.opencontainers\.image\.version=")[^"]+"/\1$(VERSION)"/' Dockerfile
+	sed -i -E 's/^(    newTag: )[0-9]+\.[0-9]+\.[0-9]+$$/\1$(VERSION)/' k8s/overlays/production/kustomization.yaml
 	$(CARGO) update --workspace --offline --quiet

@@ -78,7 +78,12 @@ async fn submit(http: &reqwest::Client, base: &str, items: usize) -> String {
     body["job_id"].as_str().expect("a job id").to_owned()
 }
 
-async fn await_successful(http: &reqwest::Client, base: &str, job: &str, within: Duration) {
+pub(crate) async fn await_successful(
+    http: &reqwest::Client,
+    base: &str,
+    job: &str,
+    within: Duration,
+) {
     let deadline = Instant::now() + within;
     loop {
         let document: Value = http

@@ -36,6 +36,7 @@ mod strategies;
 mod tenants;
 mod tls;
 mod traces;
+mod upgrade;
 mod validation;
 mod workflow;
 mod workspace;

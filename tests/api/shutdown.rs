@@ -23,7 +23,7 @@ const WORKERS: usize = 12;
 const IDLE_POLLS: usize = 3;
 
 /// A connection string for `config`, as the broker process reads DATABASE_URL.
-fn connection_string(database: &Database) -> String {
+pub(crate) fn connection_string(database: &Database) -> String {
     let config = database.config();
     let mut parts = Vec::new();
     match config.get_hosts().first() {
@@ -86,14 +86,20 @@ pub(crate) async fn broker_process_at(
         .spawn()
         .expect("start fairway serve");
     let base = format!("http://{address}");
+    await_ready(&base, Duration::from_secs(30)).await;
+    (child, base)
+}
+
+/// Waits until the broker at `base` answers /readyz with 200.
+pub(crate) async fn await_ready(base: &str, within: Duration) {
     let http = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + within;
     loop {
         let ready = http.get(format!("{base}/readyz")).send().await;
         if ready.is_ok_and(|response| response.status() == StatusCode::OK) {
-            return (child, base);
+            return;
         }
-        assert!(Instant::now() < deadline, "the broker never became ready");
+        assert!(Instant::now() < deadline, "the broker at {base} never became ready");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
