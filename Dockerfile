@@ -43,7 +43,7 @@ COPY --from=build /fairway /usr/local/bin/fairway
 # A cluster's broker uses the cluster's database, never one of its own.
 ENV FAIRWAY_NO_EMBEDDED_POSTGRES=true
 # The release, as `make version` sets it everywhere.
-LABEL org.opencontainers.image.version="0.1.0"
+LABEL org.opencontainers.image.version="0.2.0"
 # distroless' `nonroot` user and group.
 USER 65532:65532
 EXPOSE 8080

@@ -328,4 +328,7 @@ fn the_version_is_the_same_everywhere_it_is_written() {
     let image = read("Dockerfile");
     let label = format!("LABEL org.opencontainers.image.version=\"{version}\"");
     assert!(image.lines().any(|line| line == label), "the image's label is not {version}");
+    let production = read("k8s/overlays/production/kustomization.yaml");
+    let tag = format!("    newTag: {version}");
+    assert!(production.lines().any(|line| line == tag), "the production overlay's tag");
 }

@@ -28,8 +28,9 @@ from .worker import Succeeded, Worker, default_querier
 #: The installed package's version, which is the broker's release it was made with.
 __version__ = version("fairway-client")
 
-#: The broker versions this client speaks to (see the README).
-BROKER_VERSIONS = ">=0.1.0,<0.2.0"
+#: The broker versions this client speaks to (see the README): the API only grows within a
+#: major version.
+BROKER_VERSIONS = ">=0.1.0,<1.0.0"
 
 __all__ = [
     "BROKER_VERSIONS",
