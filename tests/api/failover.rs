@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use fairway_broker::db::functions;
 use fairway_devdb::EmbeddedPostgres;
 use fairway_pg::Database;
 use fairway_server::config::ServeArgs;
@@ -24,8 +25,18 @@ async fn a_broker_on_a_standby_is_unready_refuses_writes_with_503_and_follows_it
     primary.create_database_if_missing("fairway").await.expect("create the database");
     let primary_config =
         Database::parse(&primary.connection_string("fairway")).expect("a connection string");
-    let on_primary = spawn_broker(ServeArgs::for_tests(), primary_config).await;
+    let on_primary = spawn_broker(ServeArgs::for_tests(), primary_config.clone()).await;
     let job = on_primary.submit_simple("alice", "svc", 2, true).await;
+    // The primary without this build's functions, as a database only another release used
+    // holds them: the broker that starts on the standby installs them once it is promoted.
+    connect(&primary_config)
+        .await
+        .batch_execute(&format!(
+            "DROP SCHEMA {0} CASCADE; DELETE FROM function_sets WHERE schema_name = '{0}'",
+            functions::schema()
+        ))
+        .await
+        .expect("drop this build's functions");
 
     let standby = EmbeddedPostgres::start_standby(&primary, &root.join("standby"), "test_standby")
         .await

@@ -134,6 +134,16 @@ impl From<deadpool_postgres::PoolError> for BrokerError {
     }
 }
 
+/// A call of a server function the database lacks: this build's set is not there yet, on a
+/// standby whose primary never held it, or was dropped while the broker could not mark it in
+/// use. The broker installs it once it reaches a primary, or at its next mark.
+fn is_missing_function(error: &tokio_postgres::Error) -> bool {
+    error.as_db_error().is_some_and(|db| {
+        db.code() == &tokio_postgres::error::SqlState::UNDEFINED_FUNCTION
+            && db.message().starts_with("function ")
+    })
+}
+
 /// Errors that say the database cannot serve right now, rather than that a statement was wrong:
 /// a closed or broken connection, a server shutting down or refusing connections.
 fn is_unavailable(error: &tokio_postgres::Error) -> bool {
@@ -153,6 +163,7 @@ fn is_unavailable(error: &tokio_postgres::Error) -> bool {
             // the server it was on became one); the request may go through on the primary.
             code.starts_with("08")
                 || matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "55000" | "25006")
+                || is_missing_function(error)
         }
     }
 }

@@ -192,12 +192,26 @@ impl Broker {
                 state.host
             )));
         }
+        if !state.functions_installed {
+            return Err(BrokerError::Unavailable(format!(
+                "the database server {} does not hold this build's server functions yet; they \
+                 are installed within a second",
+                state.host
+            )));
+        }
         Ok(())
+    }
+
+    /// Brings the database to this build's schema and functions, as a start does: for a broker
+    /// that started on a standby, whose primary may not hold this build's functions, once it
+    /// reaches a primary.
+    pub async fn install_schema(&self) -> Result<(), BrokerError> {
+        Ok(db::migrations::run(&self.core.pool).await?)
     }
 
     /// Which server a pooled connection reaches, and whether it is a standby.
     pub async fn database_state(&self) -> Result<db::ServerStateRow, BrokerError> {
         let client = self.core.client().await?;
-        Ok(db::sql::fetch_one(&client, &db::ServerState {}).await?)
+        Ok(db::sql::fetch_one(&client, &db::ServerState::of_this_build()).await?)
     }
 }

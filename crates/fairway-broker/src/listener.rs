@@ -98,7 +98,7 @@ async fn listen(
         ))
         .await?;
     *connected = true;
-    let state = client.query_one(ServerState::SQL, &ServerState {}.params()).await?;
+    let state = client.query_one(ServerState::SQL, &ServerState::of_this_build().params()).await?;
     let host: String = state.try_get("host")?;
     tracing::info!(host, "work notification connection listening");
     signals.wake_all();

@@ -375,6 +375,14 @@ async fn watch_database(broker: Broker) {
     loop {
         ticker.tick().await;
         let (state, error) = match broker.database_state().await {
+            // A broker that started on a standby left the schema alone, and the primary it
+            // reaches after a failover may not hold this build's functions.
+            Ok(row) if !row.in_recovery && !row.functions_installed => {
+                if let Err(error) = broker.install_schema().await {
+                    tracing::warn!(%error, "installing this build's server functions failed");
+                }
+                (DatabaseState::Reached { host: row.host, writable: true }, None)
+            }
             Ok(row) => {
                 (DatabaseState::Reached { host: row.host, writable: !row.in_recovery }, None)
             }

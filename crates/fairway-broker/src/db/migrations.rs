@@ -55,7 +55,7 @@ const HISTORY_TABLE: &str = "fairway_schema_history";
 pub async fn run(pool: &Pool) -> Result<(), DbError> {
     let mut client =
         pool.get().await.map_err(|error| DbError::Pool(describe_pool_error(&error)))?;
-    let state = super::sql::fetch_one(&client, &super::ServerState {}).await?;
+    let state = super::sql::fetch_one(&client, &super::ServerState::of_this_build()).await?;
     if state.in_recovery {
         tracing::warn!(
             host = state.host,

@@ -12,14 +12,23 @@ use thiserror::Error;
 use sql::{row, statement};
 
 statement! {
-    /// Whether the server is a standby, and which it is.
-    ServerState = "server_state" -> ServerStateRow {}
+    /// Whether the server is a standby, which it is, and whether it holds this build's server
+    /// functions (`functions::schema`).
+    ServerState<'a> = "server_state" -> ServerStateRow { schema: &'a str }
+}
+
+impl ServerState<'static> {
+    /// The state of the server, as this build sees it.
+    pub fn of_this_build() -> Self {
+        Self { schema: functions::schema() }
+    }
 }
 
 row! {
     ServerStateRow {
         in_recovery: bool,
         host: String,
+        functions_installed: bool,
     }
 }
 
