@@ -102,7 +102,7 @@ pub(crate) async fn await_successful(
     }
 }
 
-async fn assert_consistent(http: &reqwest::Client, base: &str) {
+pub(crate) async fn assert_consistent(http: &reqwest::Client, base: &str) {
     let check: Value = http
         .get(format!("{base}/admin/consistency"))
         .send()

@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 use uuid::Uuid;
 
-use crate::brokers_away::await_successful;
+use crate::brokers_away::{assert_consistent, await_successful};
 use crate::helpers::{connect, empty_database};
 use crate::shutdown::{await_ready, connection_string, free_port};
 
@@ -419,15 +419,7 @@ async fn a_rolling_upgrade_and_its_rollback_under_load_lose_nothing() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    let consistency: Value = http
-        .get(format!("{url}/admin/consistency"))
-        .send()
-        .await
-        .expect("consistency")
-        .json()
-        .await
-        .expect("JSON");
-    assert_eq!(consistency["consistent"], true, "{consistency}");
+    assert_consistent(&http, &url).await;
     for worker in workers {
         stop(worker, "a worker").await;
     }

@@ -1,4 +1,4 @@
--- Policies for users and tenants in the claim (V17, docs/policies.md): a weight, a cap on
+-- Policies for users and tenants in the claim (docs/policies.md): a weight, a cap on
 -- running items and a rate limit, each held by the claim in its own transaction. The user level
 -- is checked on both of claim_items' paths: one item at a time where tenants compete, and
 -- claim_fair_round's sets where one tenant is alone. The tenant level is checked through
