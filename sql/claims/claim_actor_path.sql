@@ -31,7 +31,7 @@ BEGIN
          WHERE (a.username, a.service, a.component, a.tenant, a.parent)
                = (p_username, p_service, p_component, p_tenant, v_path)
            AND a.ready_count > 0
-         ORDER BY a.running_count, a.last_worked NULLS FIRST, a.path
+         ORDER BY {{actor_order a}}
          LIMIT 1;
         EXIT WHEN NOT FOUND;
         EXIT WHEN p_own_ready > 0

@@ -91,7 +91,7 @@ BEGIN
             WHERE (su.service, su.component, su.tenant) = (p_service, p_component, tq.tenant)
               AND su.in_order
               AND su.ready_count > 0
-            ORDER BY su.share, su.last_worked NULLS FIRST, su.username
+            ORDER BY {{user_order su}}
             LIMIT 1
            ) first ON true
      WHERE tq.service = p_service
@@ -103,7 +103,7 @@ BEGIN
                   FROM tenant_shards ts
                  WHERE ts.tenant = tq.tenant
                    AND ts.querier = p_querier))
-     ORDER BY tq.share, tq.last_worked NULLS FIRST, tq.tenant
+     ORDER BY {{tenant_order tq}}
      LIMIT 1;
     -- A tenant with a cap or a rate limit is admitted one item at a time (admit_tenant).
     IF v_tenant_policed OR v_least IS NULL OR v_first_lags THEN
@@ -114,8 +114,7 @@ BEGIN
     WITH candidates AS (
         SELECT su.username, su.running_count, su.weight, su.max_running, su.throttled,
                su.share, su.last_worked, su.ready_count, su.local_ready,
-               row_number() OVER (ORDER BY su.share, su.last_worked NULLS FIRST,
-                                           su.username) AS place
+               row_number() OVER (ORDER BY {{user_order su}}) AS place
           FROM (SELECT su.*
                   FROM service_users su
                  WHERE su.service = p_service
@@ -125,7 +124,7 @@ BEGIN
                    AND su.ready_count > 0
                    -- From 0: a count that fell since v_least was read still sorts first.
                    AND su.share BETWEEN 0 AND v_least + cardinality(p_slots) * 1000000::bigint
-                 ORDER BY su.share, su.last_worked NULLS FIRST, su.username
+                 ORDER BY {{user_order su}}
                  LIMIT cardinality(p_slots)) su
     ), head AS (
         -- The candidates whose users no other transaction holds, locked in order, and how many
@@ -212,8 +211,7 @@ BEGIN
                   AND uw.username = h.username
                   AND uw.actor = '{}'
                   AND uw.claimable
-                ORDER BY uw.is_async, uw.priority DESC, uw.order_worked NULLS FIRST, uw.job_id,
-                         uw.step_index
+                ORDER BY {{step_order uw}}
                 LIMIT 1
                ) s
          WHERE b.first_inexact IS NULL OR h.place < b.first_inexact

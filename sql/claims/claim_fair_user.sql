@@ -69,7 +69,7 @@ BEGIN
                   AND su.tenant = tq.tenant
                   AND su.in_order
                   AND su.ready_count > 0
-                ORDER BY su.share, su.last_worked NULLS FIRST, su.username
+                ORDER BY {{user_order su}}
                 LIMIT 1
                   FOR NO KEY UPDATE OF u SKIP LOCKED
                ) best
@@ -83,7 +83,7 @@ BEGIN
                       FROM tenant_shards ts
                      WHERE ts.tenant = tq.tenant
                        AND ts.querier = p_querier))
-         ORDER BY tq.share, tq.last_worked NULLS FIRST, tq.tenant
+         ORDER BY {{tenant_order tq}}
          LIMIT 1;
         EXIT WHEN FOUND;
     END LOOP;
@@ -106,7 +106,7 @@ BEGIN
                            = (p_service, claim_fair_user.component, claim_fair_user.tenant)
                        AND l.in_order
                        AND l.ready_count > 0
-                     ORDER BY l.share, l.last_worked NULLS FIRST, l.username
+                     ORDER BY {{user_order l}}
                      LIMIT 16) h
              WHERE h.username = claim_fair_user.username
                 OR (SELECT (seen.running_count, seen.last_worked, seen.weight,

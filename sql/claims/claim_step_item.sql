@@ -60,8 +60,7 @@ BEGIN
             AND uw.username = p_username
             AND uw.actor = p_path
             AND uw.claimable
-          ORDER BY uw.is_async, uw.priority DESC, uw.order_worked NULLS FIRST,
-                   uw.job_id, uw.step_index
+          ORDER BY {{step_order uw}}
           LIMIT 1)
         UNION ALL
         SELECT uw.job_id, uw.step_index, uw.ready_from, uw.last_worked IS NULL AS first_claim

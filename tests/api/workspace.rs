@@ -284,6 +284,27 @@ fn calls_function(text: &str, name: &str) -> bool {
     })
 }
 
+/// The fair order's sorts are spelled once, in the broker's build script: a function file or
+/// statement that spelled one itself could drift from the others when the order changes.
+/// Each level's sort is the only place `NULLS FIRST` appears, so no file may write it.
+#[test]
+fn the_fair_order_is_spelled_only_where_it_is_defined() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let sources = files_under(&root.join("sql"), "sql").into_iter();
+    for file in sources.chain(files_under(&broker_source(), "sql")) {
+        let text = std::fs::read_to_string(&file).expect("readable file");
+        assert!(
+            !text.to_uppercase().contains("NULLS FIRST"),
+            "{} spells out a sort of the fair order: write {{{{<level>_order <alias>}}}}",
+            file.display()
+        );
+    }
+    let installed = fairway_broker::db::functions::FILES;
+    let expanded = installed.iter().filter(|file| file.text.contains("NULLS FIRST")).count();
+    assert!(expanded >= 4, "the installed functions read the order ({expanded} files)");
+    assert!(installed.iter().all(|file| !file.text.contains("{{")), "every order is written out");
+}
+
 /// The other way: no duty keeps database code of its own, and migrations hold schema only.
 #[test]
 fn server_functions_live_only_in_sql() {

@@ -65,7 +65,8 @@ row! {
 statement! {
     /// Whether the service has claimable work for the querier at all, and if only users at
     /// their cap or out of tokens have it, when the first of those is due.
-    HasClaimableWork<'a> = "has_claimable_work" -> ClaimableWork {
+    HasClaimableWork<'a> = function "SELECT * FROM has_claimable_work($1, $2)"
+        -> ClaimableWork {
         service: &'a str,
         querier: &'a str,
     }
