@@ -251,7 +251,7 @@ mod tests {
 
     /// The digest of the files at [`REVISION`].
     #[cfg(not(feature = "upgrade-drill"))]
-    const PINNED_DIGEST: &str = "f61e3b60cd211ceade8e07d8ce4b31b0bd8fc59d9f42e39cc3b36f9e94226e0b";
+    const PINNED_DIGEST: &str = "e93a2959c45a4cc50e8a5ee44cb31d1e1bd567f524f392abdab3652da9ddb1f4";
 
     #[cfg(not(feature = "upgrade-drill"))]
     #[test]
