@@ -12,9 +12,8 @@
 --    a concurrent claimer on to the next user, tenant or component instead of queueing.
 --
 -- A queue row's copies of the user's counts and policy may lag them, never lead: claims move
--- only the row they claim from. A row found lagging at the head is brought level, with the
--- lagging rows of free users just behind it (where users are claimed in several services
--- those mostly lag too), and the answer says stale: the caller reads the order again, so that
+-- only the row they claim from. A row found lagging at the head is brought level
+-- (level_queue_rows), and the answer says stale: the caller reads the order again, so that
 -- the user it serves is the one that truly goes first.
 --
 -- Arguments: the service, querier, its components, the worker's slot, and the tenant queues
@@ -22,8 +21,7 @@
 -- Answer: username NULL when no user is free; else the user, its tenant and component, whether
 -- its row was stale, its queue row's ready count and its own jobs' (not under an actor) ready
 -- and running counts and last claim, and whether its tenant has a cap or a rate limit.
--- Locks: the chosen user's users row (FOR NO KEY UPDATE SKIP LOCKED); levelling locks the
--- lagging users' rows the same way, then writes their service_users rows.
+-- Locks: the chosen user's users row (FOR NO KEY UPDATE SKIP LOCKED), then level_queue_rows'.
 
 CREATE OR REPLACE FUNCTION claim_fair_user(
     p_service text,
@@ -45,6 +43,7 @@ LANGUAGE plpgsql
 AS $user$
 DECLARE
     v_count integer := cardinality(p_components);
+    v_levelled integer;
 BEGIN
     FOR turn IN 0 .. v_count - 1 LOOP
         component := p_components[1 + (p_worker + turn) % v_count];
@@ -90,37 +89,6 @@ BEGIN
     IF stale IS NOT TRUE THEN
         RETURN;
     END IF;
-    -- Level the row under the user's lock the pick took, with the lagging rows of free users
-    -- just behind it.
-    UPDATE service_users su
-       SET running_count = u.running_count,
-           last_worked = u.last_worked,
-           weight = u.weight,
-           max_running = u.max_running,
-           throttled = u.throttled_until IS NOT NULL
-      FROM (SELECT h.username
-              FROM (SELECT l.username, l.running_count, l.last_worked, l.weight,
-                           l.max_running, l.throttled
-                      FROM service_users l
-                     WHERE (l.service, l.component, l.tenant)
-                           = (p_service, claim_fair_user.component, claim_fair_user.tenant)
-                       AND l.in_order
-                       AND l.ready_count > 0
-                     ORDER BY {{user_order l}}
-                     LIMIT 16) h
-             WHERE h.username = claim_fair_user.username
-                OR (SELECT (seen.running_count, seen.last_worked, seen.weight,
-                            seen.max_running, seen.throttled_until IS NOT NULL)
-                               IS DISTINCT FROM (h.running_count, h.last_worked, h.weight,
-                                                 h.max_running, h.throttled)
-                      FROM users seen
-                     WHERE seen.username = h.username)) lagging
-      JOIN LATERAL (SELECT u.running_count, u.last_worked, u.weight, u.max_running,
-                           u.throttled_until
-                      FROM users u
-                     WHERE u.username = lagging.username
-                       FOR NO KEY UPDATE SKIP LOCKED) u ON true
-     WHERE (su.username, su.service, su.component, su.tenant)
-           = (lagging.username, p_service, claim_fair_user.component, claim_fair_user.tenant);
+    v_levelled := level_queue_rows(p_service, component, tenant, username);
 END;
 $user$;

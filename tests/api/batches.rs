@@ -304,7 +304,6 @@ async fn end_successfully(app: &TestApp, ids: &[i64], attempts: &[i32]) -> Vec<(
         delays_millis: &delays,
         handed_back: &no,
         warnings: &nothing,
-        in_one_statement: true,
     };
     let rows =
         app.db.query(endings::FinishItems::SQL, &finish.params()).await.expect("finish_items");

@@ -234,16 +234,15 @@ SELECT is((SELECT count(*)::integer
 CALL pg_temp.snapshot('lab');
 SELECT is(pg_temp.changed('lab'), '{}'::jsonb, 'A stale ending moves no counter.');
 
--- Two endings in one batch, of both jobs: each counter moves by their sum, and the tenant's
--- change is left to the caller, which applies it last.
+-- Two endings in one batch, of both jobs: each counter moves by their sum, the tenant's last.
 CALL pg_temp.snapshot('own');
 CALL pg_temp.snapshot('lab');
 SELECT results_eq(
-    $$SELECT id = pg_temp.item('own', 3), tenant_applied
+    $$SELECT id = pg_temp.item('own', 3), deferred
         FROM pg_temp.finish(ARRAY[pg_temp.item('own', 3), pg_temp.item('lab', 2)],
                             ARRAY['successful', 'successful'])$$,
     $$VALUES (true, false), (false, false)$$,
-    'Both endings of a batch apply, leaving the tenant''s change to the caller.');
+    'Both endings of a batch apply.');
 CALL pg_temp.snapshot('own');
 CALL pg_temp.snapshot('lab');
 SELECT is(pg_temp.moved('own', 'user_running'), -2,
@@ -262,8 +261,8 @@ SELECT results_eq(
     $$VALUES (0, 0, 1)$$,
     'In the end the user has nothing running, and only the retried item is ready.');
 
--- A batch that is its own transaction (p_in_one_statement): one whose workflow may grow is
--- refused before anything moves; any other settles its tenant rows and its jobs itself.
+-- Every batch is one statement: a workflow grows in it, and it finishes the jobs it empties
+-- and applies its tenant rows' changes itself.
 DO $$
 BEGIN
     PERFORM pg_temp.submit('solo', 'eve', 'ends', 2, 'acme');
@@ -277,13 +276,12 @@ BEGIN
 END;
 $$;
 
--- Ends items p_ids successfully with results p_results, as one statement of its own.
+-- Ends items p_ids with results p_results and statuses p_statuses, as one statement.
 CREATE FUNCTION pg_temp.finish_alone(p_ids bigint[], p_results jsonb[], p_statuses text[])
-RETURNS TABLE (id bigint, tenant_applied boolean, job_open_items integer,
-               needs_transaction boolean)
+RETURNS TABLE (id bigint, job_open_items integer)
 LANGUAGE sql
 AS $$
-    SELECT p_ids[f.ending], f.tenant_applied, f.job_open_items, f.needs_transaction
+    SELECT p_ids[f.ending], f.job_open_items
       FROM finish_items(p_ids,
                         ARRAY(SELECT 1 FROM unnest(p_ids)),
                         p_statuses,
@@ -292,48 +290,49 @@ AS $$
                         array_fill(NULL::text, ARRAY[cardinality(p_ids)]),
                         array_fill(NULL::bytea, ARRAY[cardinality(p_ids)]),
                         array_fill(false, ARRAY[cardinality(p_ids)]),
-                        false, false,
-                        p_in_one_statement => true) f
+                        false, false) f
      ORDER BY f.ending;
 $$;
 
-CALL pg_temp.snapshot('grows');
 SELECT results_eq(
-    $$SELECT id, needs_transaction
+    $$SELECT id, job_open_items
         FROM pg_temp.finish_alone(ARRAY[pg_temp.item('solo', 1), pg_temp.item('grows', 1)],
                                   ARRAY['[]'::jsonb, '[1]'], ARRAY['successful', 'successful'])$$,
-    $$VALUES (NULL::bigint, true)$$,
-    'A batch alone in its transaction in which a workflow fans out is refused.');
-CALL pg_temp.snapshot('grows');
-SELECT is(pg_temp.changed('grows'), '{}'::jsonb, 'The refused batch moves no counter.');
-SELECT is((SELECT count(*)::integer FROM work_items
-            WHERE id IN (pg_temp.item('solo', 1), pg_temp.item('grows', 1))
-              AND status = 'running'),
-          2,
-          'Both of its items still run.');
+    $$VALUES (pg_temp.item('solo', 1), 1), (pg_temp.item('grows', 1), 1)$$,
+    'A batch in which a workflow fans out applies, each job with an item open.');
 SELECT results_eq(
-    $$SELECT id, needs_transaction
-        FROM pg_temp.finish_alone(ARRAY[pg_temp.item('gathers', 1)], ARRAY[NULL::jsonb],
-                                  ARRAY['failed'])$$,
-    $$VALUES (NULL::bigint, true)$$,
-    'So is one whose ending may complete an aggregate''s inputs, failed or not.');
+    $$SELECT status::text, inputs
+        FROM work_items
+       WHERE job_id = pg_temp.job('grows')
+         AND step_index = 1$$,
+    $$VALUES ('ready', '[1]'::jsonb)$$,
+    'The same statement made the next step''s item from the result.');
+SELECT is((SELECT ready_count FROM service_users WHERE (username, service) = ('eve', 'next')),
+          1,
+          'And counted it ready in the next service''s queue.');
 SELECT results_eq(
-    $$SELECT id, needs_transaction
-        FROM pg_temp.finish_alone(ARRAY[pg_temp.item('grows', 1)], ARRAY[NULL::jsonb],
-                                  ARRAY['ready'])$$,
-    $$VALUES (pg_temp.item('grows', 1), false)$$,
-    'A retry grows no workflow: it applies alone.');
+    $$SELECT id, job_open_items
+        FROM pg_temp.finish_alone(ARRAY[pg_temp.item('gathers', 1)], ARRAY['["x"]'::jsonb],
+                                  ARRAY['successful'])$$,
+    $$VALUES (pg_temp.item('gathers', 1), 1)$$,
+    'An ending that completes an aggregate''s inputs applies, with the aggregate open.');
+SELECT is((SELECT inputs
+             FROM work_items
+            WHERE job_id = pg_temp.job('gathers')
+              AND step_index = 1),
+          '["x"]'::jsonb,
+          'The aggregate''s item carries the results of the step before.');
 
 CALL pg_temp.snapshot('solo');
 SELECT results_eq(
-    $$SELECT id, tenant_applied, job_open_items
-        FROM pg_temp.finish_alone(ARRAY[pg_temp.item('solo', 1), pg_temp.item('solo', 2)],
-                                  ARRAY['[]'::jsonb, '[]'], ARRAY['successful', 'successful'])$$,
-    $$VALUES (pg_temp.item('solo', 1), true, 0), (pg_temp.item('solo', 2), true, 0)$$,
-    'A batch that grows no workflow applies its tenant''s change itself.');
+    $$SELECT id, job_open_items
+        FROM pg_temp.finish_alone(ARRAY[pg_temp.item('solo', 2)], ARRAY['[]'::jsonb],
+                                  ARRAY['successful'])$$,
+    $$VALUES (pg_temp.item('solo', 2), 0)$$,
+    'The last item of a job ends with nothing of the job open.');
 CALL pg_temp.snapshot('solo');
-SELECT is(pg_temp.moved('solo', 'tenant_running'), -2,
-          'The tenant''s running count falls by both items, with no caller to apply it.');
+SELECT is(pg_temp.moved('solo', 'tenant_running'), -1,
+          'The tenant''s running count falls, with no caller to apply it.');
 SELECT is((SELECT status::text FROM jobs WHERE job_id = pg_temp.job('solo')), 'successful',
           'The job it emptied is finished in the same statement.');
 

@@ -16,10 +16,6 @@ PREPARE set_user_policy(text, integer, integer, double precision, integer) AS :s
 \set upsert_tenant `cat crates/fairway-broker/src/tenancy/upsert_tenant.sql`
 PREPARE upsert_tenant(text, integer, integer, integer, integer, double precision, integer)
     AS :upsert_tenant
--- And the statement a submission runs to make a step's queue rows, which copy the user's policy
--- onto a new row in the fair order (pg_temp.submit makes its rows without the policy).
-\set create_step_queues `cat crates/fairway-broker/src/counters/create_step_queues.sql`
-PREPARE create_step_queues(uuid, integer, text[]) AS :create_step_queues
 
 SELECT plan(51);
 
@@ -311,9 +307,9 @@ SELECT results_eq(
 
 -- Rows made now, for another component of a step, copy their users' policies as they stand:
 -- col's weight of 4, cora's cap of 2 (which her two items reach) and rita's empty bucket.
-EXECUTE create_step_queues(pg_temp.job('col'), 0, ARRAY['side']);
-EXECUTE create_step_queues(pg_temp.job('cora'), 0, ARRAY['side']);
-EXECUTE create_step_queues(pg_temp.job('rita'), 0, ARRAY['side']);
+SELECT create_step_queues(pg_temp.job('col'), 0, ARRAY['side']);
+SELECT create_step_queues(pg_temp.job('cora'), 0, ARRAY['side']);
+SELECT create_step_queues(pg_temp.job('rita'), 0, ARRAY['side']);
 SELECT results_eq(
     $$SELECT su.username, su.weight, su.max_running, su.throttled, su.in_order
         FROM service_users su

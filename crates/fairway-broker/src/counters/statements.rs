@@ -8,7 +8,7 @@ use fairway_api::model::Mismatch;
 
 statement! {
     /// Makes sure a step has its counter rows for each of the components.
-    CreateStepQueues<'a> = "create_step_queues" -> () {
+    CreateStepQueues<'a> = function "SELECT create_step_queues($1, $2, $3)" -> () {
         job_id: Uuid,
         step: i32,
         components: &'a [&'a str],

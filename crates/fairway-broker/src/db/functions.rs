@@ -251,7 +251,7 @@ mod tests {
 
     /// The digest of the files at [`REVISION`].
     #[cfg(not(feature = "upgrade-drill"))]
-    const PINNED_DIGEST: &str = "e93a2959c45a4cc50e8a5ee44cb31d1e1bd567f524f392abdab3652da9ddb1f4";
+    const PINNED_DIGEST: &str = "ea5a2a8c957ab4dc2fc4bb225375d418f0c91a25b9f7525605ea4bddb7114f54";
 
     #[cfg(not(feature = "upgrade-drill"))]
     #[test]

@@ -7,7 +7,6 @@ pub mod statements;
 
 use std::collections::{BTreeSet, HashMap};
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +18,6 @@ use tokio_postgres::types::Json;
 
 use crate::batch::{answer_each, batch_index, in_batch};
 use crate::core::Core;
-use crate::counters::{apply_step_deltas, create_step_queues, StepDeltas, TenantDeltas, TenantRow};
 use crate::db::sql::{self, Statement};
 use crate::error::BrokerError;
 use crate::metrics::{BatchKind, Deferral, Finish};
@@ -27,13 +25,12 @@ use crate::retry::unit_random;
 use crate::rows::retry_policy;
 use crate::tenancy::Tenancy;
 use crate::traces;
-use fairway_api::model::{reject_nul, ItemStatus, JobId, StatusUpdate, WorkItem, WorkItemId};
+use fairway_api::model::{reject_nul, ItemStatus, StatusUpdate, WorkItem, WorkItemId};
 use lanes::EndingLanes;
 use outcome::{record, refusal, AttemptEnding, Ending, Recorded, RetryBudget};
 use statements::{
-    AggregatePlan, AppliedEnding, DescribeItem, ExtendLease, FindExpiredLeases, FinishItems,
-    FinishJobs, Finished, FinishedRow, InsertAggregateItem, InsertNextStepItems, ItemRetryPolicies,
-    ItemRetryPolicy, PlanAggregateItem,
+    DescribeItem, ExtendLease, FindExpiredLeases, FinishItems, FinishedRow, ItemRetryPolicies,
+    ItemRetryPolicy,
 };
 
 /// An attempt that ended: its service, and whether the querier that held it is shutting down
@@ -101,10 +98,6 @@ pub struct Endings {
     claims_committed: Arc<Notify>,
     /// A querier that is shutting down leaves its shards once its last lease ends.
     tenancy: Tenancy,
-    /// Whether the last batch that needed a transaction grew a workflow. While batches grow
-    /// workflows, the next goes straight into a transaction rather than first ask to be one
-    /// statement and be refused.
-    growing: Arc<AtomicBool>,
 }
 
 impl Endings {
@@ -116,8 +109,7 @@ impl Endings {
         tenancy: Tenancy,
     ) -> Self {
         let lanes = Arc::new(EndingLanes::new(lanes, most));
-        let growing = Arc::default();
-        Self { core, lanes, claims_committed, tenancy, growing }
+        Self { core, lanes, claims_committed, tenancy }
     }
 
     /// Remembers who owns an item this broker hands out, so that its ending goes to its
@@ -287,14 +279,11 @@ impl Endings {
     }
 
     /// finish_items locks the owners' users rows first, in the one order all transactions use
-    /// (with `Owners::SkipHeld` only those free now), then ends the attempts and moves each
-    /// counter row once; then the workflows grow; the tenant rows come last, in key order.
-    /// Answers each ending: its item's status, deferred, or why it did not apply.
-    ///
-    /// A batch in which no workflow grows is one statement in one round trip, its own
-    /// transaction: finish_items settles the jobs and tenant rows too. One in which a workflow
-    /// may grow runs in a transaction: BEGIN and the endings go to the server together, then
-    /// the growth, then the commit.
+    /// (with `Owners::SkipHeld` only those free now), then ends the attempts, moves each
+    /// counter row once, grows the workflows and finishes the jobs left with nothing open; the
+    /// tenant rows come last, in key order. Every batch is that one statement, in one round
+    /// trip, its own transaction. Answers each ending: its item's status, deferred, or why it
+    /// did not apply.
     ///
     /// A run that deadlocks runs again whole, for every ending of the batch (see `retry`):
     /// nothing is answered, signalled or counted before a run commits.
@@ -354,7 +343,7 @@ impl Endings {
         let warnings: Vec<Option<&str>> = recorded.iter().map(|r| r.warning).collect();
         let delays_millis: Vec<Option<i64>> = recorded.iter().map(|r| r.delay_millis).collect();
         let tokens: Vec<Option<i64>> = endings.iter().map(|ending| ending.token).collect();
-        let mut finish = FinishItems {
+        let finish = FinishItems {
             ids: &ids,
             attempts: &attempts,
             statuses: &statuses,
@@ -369,68 +358,30 @@ impl Endings {
             delays_millis: &delays_millis,
             handed_back: &handed_back,
             warnings: &warnings,
-            in_one_statement: true,
         };
-        // A test's forced deadlock needs a transaction to strike in.
-        #[cfg(feature = "fault-injection")]
-        let one_statement_first = self.core.faults.armed(crate::faults::Point::EndAttempts) == 0;
-        #[cfg(not(feature = "fault-injection"))]
-        let one_statement_first = true;
-        if one_statement_first && !self.growing.load(Ordering::Relaxed) {
-            let rows = client.query(&finish_items, &finish.params()).await?;
-            match Finished::from_rows(&rows)? {
-                Finished::Endings(finished) => {
-                    let (answers, released) = self
-                        .answer_endings(&client, endings, &recorded, &finished, condition, true)
-                        .await?;
-                    self.after_commit(&client, span, &released, condition).await;
-                    return Ok(answers);
-                }
-                Finished::NeedsTransaction => self.growing.store(true, Ordering::Relaxed),
-            }
-        }
-        finish.in_one_statement = false;
         let params = finish.params();
-        // Each request is sent when its future is first polled, and `biased` has try_join poll
-        // them in the order written (by default it rotates which one goes first). (Should
-        // BEGIN fail, the connection is gone and nothing after it runs.)
-        let opened = tokio::try_join!(
-            biased;
-            async { client.batch_execute("BEGIN").await.map_err(BrokerError::from) },
-            async {
+        // A test's forced deadlock needs a transaction to strike in: the same statement, in
+        // a transaction that the fault then rolls back.
+        #[cfg(feature = "fault-injection")]
+        let rows = if self.core.faults.armed(crate::faults::Point::EndAttempts) > 0 {
+            client.batch_execute("BEGIN").await?;
+            let struck = async {
                 let rows = client.query(&finish_items, &params).await?;
-                Ok::<_, BrokerError>(sql::decode::<FinishedRow>(&rows)?)
-            },
-        );
-        let grown = match opened {
-            Ok(((), finished)) => {
-                async {
-                    // A test's forced deadlock, as if finish_items had met one: the batch rolls
-                    // back below, like any failed run.
-                    #[cfg(feature = "fault-injection")]
-                    self.core.faults.strike(crate::faults::Point::EndAttempts, &client).await?;
-                    let grows = finished.iter().any(|row| {
-                        row.applied.as_ref().is_some_and(|a| a.fans_out || a.may_aggregate)
-                    });
-                    self.growing.store(grows, Ordering::Relaxed);
-                    self.answer_endings(&client, endings, &recorded, &finished, condition, false)
-                        .await
-                }
-                .await
+                self.core.faults.strike(crate::faults::Point::EndAttempts, &client).await?;
+                Ok::<_, BrokerError>(rows)
             }
-            Err(error) => Err(error),
+            .await;
+            let end = if struck.is_ok() { "COMMIT" } else { "ROLLBACK" };
+            client.batch_execute(end).await?;
+            struck?
+        } else {
+            client.query(&finish_items, &params).await?
         };
-        let (answers, released) = match grown {
-            Ok(grown) => grown,
-            Err(error) => {
-                // Leave the connection as the pool expects it: outside any transaction.
-                if let Err(rollback) = client.batch_execute("ROLLBACK").await {
-                    tracing::warn!(%rollback, "rolling back a failed batch of endings");
-                }
-                return Err(error);
-            }
-        };
-        client.batch_execute("COMMIT").await?;
+        #[cfg(not(feature = "fault-injection"))]
+        let rows = client.query(&finish_items, &params).await?;
+        let finished = sql::decode::<FinishedRow>(&rows)?;
+        let (answers, released) =
+            self.answer_endings(&client, endings, &recorded, &finished, condition).await?;
         self.after_commit(&client, span, &released, condition).await;
         Ok(answers)
     }
@@ -473,36 +424,26 @@ impl Endings {
         }
     }
 
-    /// After finish_items (`finished`, its rows), inside the endings' transaction: grows each
-    /// applied ending's workflow, explains each refused one (no row), finishes the jobs left
-    /// with nothing open and applies the tenant rows' changes last, unless finish_items
-    /// `settled` the batch itself as its own transaction. Returns the answers and the attempts
-    /// that ended.
+    /// After finish_items (`finished`, its rows): explains each ending that did not apply.
+    /// Returns the answers and the attempts that ended.
     async fn answer_endings(
         &self,
-        tx: &impl GenericClient,
+        client: &impl GenericClient,
         endings: &[AttemptEnding],
         recorded: &[Recorded<'_>],
         finished: &[FinishedRow],
         condition: LeaseCondition,
-        settled: bool,
     ) -> Result<(Vec<Result<Answer, BrokerError>>, Vec<Ended>), BrokerError> {
         let mut outcomes: Vec<Option<Result<Answer, BrokerError>>> =
             endings.iter().map(|_| None).collect();
-        let mut tenant_deltas = TenantDeltas::default();
         let mut released = Vec::with_capacity(finished.len());
-        let mut maybe_done = Vec::new();
         for row in finished {
             let index = batch_index(row.ending, endings.len())?;
             let Some(applied) = &row.applied else {
                 outcomes[index] = Some(Ok(Answer::Deferred));
                 continue;
             };
-            let ending = &endings[index];
             let status = recorded[index].status;
-            if let Some(job) = self.grow_workflow(tx, ending, applied, &mut tenant_deltas).await? {
-                maybe_done.push(job.0);
-            }
             released.push(Ended {
                 job_id: applied.job_id,
                 service: applied.service.clone(),
@@ -522,72 +463,10 @@ impl Endings {
                 // is simply not its to end, and reading each such item would cost a round trip
                 // per lease when reapers race over a dead node's leases.
                 None if condition == LeaseCondition::Expired => Err(lease_settled(ending.id)),
-                None => unapplied(tx, ending).await?,
+                None => unapplied(client, ending).await?,
             });
         }
-        if !maybe_done.is_empty() && !settled {
-            // Each job once, in a stable order.
-            maybe_done.sort_unstable();
-            maybe_done.dedup();
-            sql::run(tx, &FinishJobs { job_ids: &maybe_done }).await?;
-        }
-        tenant_deltas.apply(tx).await?;
         Ok((answers, released))
-    }
-
-    /// After an ending applied (`finished`, its row from finish_items): the next step's items
-    /// from its results, the aggregate once its inputs are all in, and the job's end when
-    /// nothing is left. Their tenant rows' changes, and the ending's own unless it applied them,
-    /// go to `tenant_deltas`. Returns the job when nothing of it is left open: it may be done.
-    async fn grow_workflow(
-        &self,
-        tx: &impl GenericClient,
-        ending: &AttemptEnding,
-        finished: &AppliedEnding,
-        tenant_deltas: &mut TenantDeltas,
-    ) -> Result<Option<JobId>, BrokerError> {
-        let job_id = JobId(finished.job_id);
-        let step = finished.step_index;
-        let mut open_items = finished.job_open_items;
-        if !finished.tenant_applied {
-            tenant_deltas.push(
-                finished.service.clone(),
-                finished.component.clone(),
-                finished.tenant.clone(),
-                -1,
-                finished.became_claimable,
-            );
-        }
-        if let (true, Some(results_component)) = (finished.fans_out, &finished.results_component) {
-            let next = step + 1;
-            create_step_queues(tx, job_id, next, &[results_component]).await?;
-            let fan_out = InsertNextStepItems { id: ending.id.0, step };
-            let created = sql::fetch_one(tx, &fan_out).await?.count;
-            let ready = StepDeltas { ready: created, ..Default::default() };
-            let tenant_row = TenantRow::Later(tenant_deltas);
-            open_items =
-                apply_step_deltas(tx, job_id, next, results_component, ready, tenant_row).await?;
-        }
-        if finished.may_aggregate {
-            let plan = PlanAggregateItem { job_id: job_id.0 };
-            if let Some(AggregatePlan { step_index: aggregate_step, component }) =
-                sql::fetch_opt(tx, &plan).await?
-            {
-                create_step_queues(tx, job_id, aggregate_step, &[&component]).await?;
-                let aggregate = InsertAggregateItem {
-                    job_id: job_id.0,
-                    step: aggregate_step,
-                    component: &component,
-                };
-                sql::run(tx, &aggregate).await?;
-                let ready = StepDeltas { ready: 1, ..Default::default() };
-                let tenant_row = TenantRow::Later(tenant_deltas);
-                open_items =
-                    apply_step_deltas(tx, job_id, aggregate_step, &component, ready, tenant_row)
-                        .await?;
-            }
-        }
-        Ok((open_items == 0).then_some(job_id))
     }
 }
 

@@ -1,5 +1,6 @@
 //! Every statement of the endings duty, one per `.sql` file beside it, or a call of a server
-//! function of `sql/endings/`: ending attempts, leases, workflow growth and retries.
+//! function of `sql/endings/`: ending attempts (with the workflow growth that follows them),
+//! leases and retries.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -15,7 +16,7 @@ statement! {
     /// Ends the attempts of a batch (`sql/endings/finish_items.sql`): ending i is the i-th of
     /// each array.
     FinishItems<'a> = function
-        "SELECT * FROM finish_items($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+        "SELECT * FROM finish_items($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
         -> FinishedRow {
         /// The running item the ending is for.
         ids: &'a [i64],
@@ -43,9 +44,6 @@ statement! {
         handed_back: &'a [bool],
         /// A successful ending's warning.
         warnings: &'a [Option<&'a str>],
-        /// The call is the whole transaction: it refuses a batch whose workflows may grow,
-        /// and settles any other itself.
-        in_one_statement: bool,
     }
 }
 
@@ -57,25 +55,6 @@ pub struct FinishedRow {
     pub applied: Option<AppliedEnding>,
 }
 
-/// What finish_items answered a batch.
-pub enum Finished {
-    /// A row per ending that applied or was deferred.
-    Endings(Vec<FinishedRow>),
-    /// Asked to be the whole transaction, it found a workflow that may grow, and did nothing.
-    NeedsTransaction,
-}
-
-impl Finished {
-    pub fn from_rows(rows: &[Row]) -> Result<Self, tokio_postgres::Error> {
-        if let [row] = rows {
-            if row.try_get("needs_transaction")? {
-                return Ok(Self::NeedsTransaction);
-            }
-        }
-        Ok(Self::Endings(rows.iter().map(FinishedRow::from_row).collect::<Result<_, _>>()?))
-    }
-}
-
 impl FromRow for FinishedRow {
     fn from_row(row: &Row) -> Result<Self, tokio_postgres::Error> {
         let deferred: bool = row.try_get("deferred")?;
@@ -85,22 +64,13 @@ impl FromRow for FinishedRow {
 }
 
 row! {
-    /// What an applied ending changed, and what must follow it in the same transaction.
+    /// Where an applied ending's item belongs, for the metrics and the querier's lifecycle.
     AppliedEnding {
         job_id: Uuid,
-        step_index: i32,
-        component: String,
-        /// The component of the next step's items made from the results.
-        results_component: Option<String>,
-        querier_leaving: bool,
-        fans_out: bool,
-        may_aggregate: bool,
         service: String,
         tenant: String,
-        became_claimable: bool,
-        /// Whether the ending's tenant row moved already, or is left to the caller.
-        tenant_applied: bool,
-        job_open_items: i32,
+        /// Whether the querier that held the item is shutting down.
+        querier_leaving: bool,
     }
 }
 
@@ -147,51 +117,6 @@ row! {
     ExpiredLease {
         id: i64,
         attempt: i32,
-    }
-}
-
-statement! {
-    /// Fan-out: the next step's items from an item's results.
-    InsertNextStepItems = "insert_next_step_items" -> Created {
-        id: i64,
-        step: i32,
-    }
-}
-
-row! {
-    Created {
-        count: i32,
-    }
-}
-
-statement! {
-    /// Whether the job's aggregating step is due its single item, and of which component.
-    PlanAggregateItem = "plan_aggregate_item" -> AggregatePlan {
-        job_id: Uuid,
-    }
-}
-
-row! {
-    AggregatePlan {
-        step_index: i32,
-        component: String,
-    }
-}
-
-statement! {
-    InsertAggregateItem<'a> = "insert_aggregate_item" -> () {
-        job_id: Uuid,
-        step: i32,
-        component: &'a str,
-    }
-}
-
-statement! {
-    /// Finishes each of the jobs that has nothing ready or running
-    /// (`sql/endings/finish_jobs.sql`).
-    FinishJobs<'a> = function "SELECT finish_jobs($1)" -> () {
-        /// In id order.
-        job_ids: &'a [Uuid],
     }
 }
 

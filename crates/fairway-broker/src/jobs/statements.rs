@@ -1,5 +1,5 @@
-//! Every statement of the jobs duty, one per `.sql` file beside it: submissions and their
-//! idempotency keys, job control, listings.
+//! Every statement of the jobs duty, one per `.sql` file beside it or a call of a server
+//! function: submissions and their idempotency keys, job control, listings.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -170,8 +170,9 @@ statement! {
 }
 
 statement! {
-    /// Pauses or resumes the job's steps; answers the services whose work came back.
-    SetJobPaused = "set_job_paused" -> ResumedService {
+    /// Pauses or resumes the job's steps (`sql/counters/pause_job_steps.sql`); answers the
+    /// services whose work came back.
+    SetJobPaused = function "SELECT * FROM pause_job_steps($1, $2)" -> ResumedService {
         job_id: Uuid,
         paused: bool,
     }
