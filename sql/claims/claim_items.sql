@@ -3,19 +3,17 @@
 -- querier p_queriers[i], leased for p_lease_ms to token p_tokens[i], which alone may then
 -- report on them. Items are chosen one at a time, in request order, each by the fair order as
 -- the items before it left the counters (docs/design.md), a function per level: the batch's
--- start (begin_claim_batch); 1. the components, once per service and querier (list_components);
--- 2 and 3. tenant, then user, locked (claim_fair_user), the tenant's part (claim_tenant_row);
--- 4. down the actor tree (claim_actor_path); 5 and 6. the step and its item, leased, with the
--- counters moved (claim_step_item). Where the next choices are known to be the head of the
--- order they are made as one set (claim_fair_round). A request with a strategy takes its step
--- from claim_strategy_step instead. The levels are called as plain expressions, which start
--- no executor of their own.
+-- start (begin_claim_batch); 1. the components (list_components); 2 and 3. tenant, then user
+-- (claim_fair_user, claim_tenant_row); 4. the actor tree (claim_actor_path); 5 and 6. the step
+-- and its item (claim_step_item). Where the next choices are known to be the head of the
+-- order they are made as sets (claim_fair_sets); a request with a strategy takes its step from
+-- claim_strategy_step. The levels are called as plain expressions, which start no executor.
 --
 -- Answer: a row per claimed item, tagged with its request's index (1-based). A request that got
 -- nothing has one row with id NULL and querier_state saying why: NULL, the querier is not a
 -- member yet (the broker has it join, then asks again); 'shutting_down'; 'active', nothing
 -- claimable was free. passed_over: a strategy passed a step over that another transaction held.
--- Locks: those of each level, in the order they are called, which every transaction keeps.
+-- Locks: each level's, in the order they are called, which every transaction keeps.
 
 CREATE OR REPLACE FUNCTION claim_items(
     p_services text[],
@@ -31,39 +29,23 @@ CREATE OR REPLACE FUNCTION claim_items(
     p_tokens bigint[] DEFAULT NULL
 )
 RETURNS TABLE (
-    request integer,
-    querier_state text,
-    username text,
-    id bigint,
-    job_id uuid,
-    step_index integer,
-    component text,
-    payload jsonb,
-    inputs jsonb,
-    attempt integer,
-    lease_expires_at timestamptz,
-    tenant text,
-    actor text[],
-    passed_over boolean,
+    request integer, querier_state text, username text, id bigint, job_id uuid,
+    step_index integer, component text, payload jsonb, inputs jsonb, attempt integer,
+    lease_expires_at timestamptz, tenant text, actor text[], passed_over boolean,
     traceparent text,
     -- Why a policy held the request back, 'cap' or 'rate', and when an item is due.
-    limited text,
-    retry_ms bigint
+    limited text, retry_ms bigint
 )
 LANGUAGE plpgsql
 AS $claims$
 #variable_conflict use_column
 DECLARE
-    v_service text;
-    v_querier text;
-    i integer;
+    i integer; v_service text; v_querier text;
     -- The batch's start (begin_claim_batch): the requests' order, maxes and policies, and
     -- in held the greatest (service, component, tenant) key of the tenant rows it holds.
     v_batch record;
     -- The (service, querier) whose components were last listed (list_components), the list.
-    v_checked text[];
-    v_listed record;
-    v_count integer;
+    v_checked text[]; v_listed record; v_count integer;
     v_claimed integer;
     -- Tenant queues passed over for the batch, as ROW(service, component, tenant)::text.
     v_passed text[] := '{}';
@@ -75,17 +57,11 @@ DECLARE
     v_pick record;
     v_chosen boolean;
     v_tenant_policed boolean;
-    v_step_job uuid;
-    v_step_index integer;
-    v_tenant_row record;
-    v_item record;
-    -- How many items each request got (so far, from sets), the items a run of requests
-    -- served by sets (claim_fair_round) still wants, and how the last set went.
+    v_step_job uuid; v_step_index integer;
+    v_tenant_row record; v_item record;
+    -- How many items each request got (so far, from sets: claim_fair_sets).
     v_served integer[] := array_fill(0, ARRAY[cardinality(p_services)]);
-    v_slots integer[];
     v_set record;
-    v_set_claimed integer;
-    v_set_missed boolean;
 BEGIN
     v_batch := begin_claim_batch(p_services, p_queriers, p_maxes);
     FOREACH i IN ARRAY v_batch.in_order LOOP
@@ -99,29 +75,15 @@ BEGIN
             querier_state := v_listed.querier_state;
             passed_over := false;
             -- Where one tenant is all the order holds, fair requests take sets of the order's
-            -- head for as long as that is exact (claim_fair_round), then single items below.
-            WHILE v_count = 1 AND NOT v_listed.contested[1] LOOP
-                -- The request of each item this service and querier's fair requests want.
-                v_slots := ARRAY(SELECT r.i
-                                   FROM unnest(p_services, p_queriers, p_strategies)
-                                        WITH ORDINALITY AS r(service, querier, strategy, i)
-                                  CROSS JOIN LATERAL
-                                        generate_series(1, v_batch.maxes[r.i] - v_served[r.i]) g
-                                  WHERE (r.service, r.querier) = (v_service, v_querier)
-                                    AND r.strategy IS NULL
-                                  ORDER BY r.i, g);
-                EXIT WHEN cardinality(v_slots) = 0;
-                v_set_claimed := 0;
-                v_set_missed := false;
+            -- head for as long as that is exact (claim_fair_sets), then single items below.
+            IF v_count = 1 AND NOT v_listed.contested[1] THEN
                 FOR v_set IN
                     SELECT *
-                      FROM claim_fair_round(v_service, v_querier, v_listed.components[1],
-                                            v_slots, p_workers, p_tokens, p_lease_ms)
+                      FROM claim_fair_sets(v_service, v_querier, v_listed.components[1],
+                                           p_services, p_queriers, p_strategies,
+                                           v_batch.maxes, p_workers, p_tokens, p_lease_ms)
                 LOOP
-                    v_set_missed := v_set_missed OR v_set.id IS NULL;
-                    CONTINUE WHEN v_set.id IS NULL;
                     v_served[v_set.request] := v_served[v_set.request] + 1;
-                    v_set_claimed := v_set_claimed + 1;
                     request := v_set.request;
                     username := v_set.username;
                     id := v_set.id;
@@ -139,11 +101,8 @@ BEGIN
                     retry_ms := v_batch.retry_ms[v_set.request];
                     RETURN NEXT;
                 END LOOP;
-                -- A set that took every item wanted leaves none to look for again.
-                EXIT WHEN v_set_claimed IN (0, cardinality(v_slots)) OR v_set_missed;
-            END LOOP;
+            END IF;
         END IF;
-
         request := i;
         passed_over := false;
         v_claimed := v_served[i];
@@ -192,7 +151,6 @@ BEGIN
                                                   v_pick.local_last_worked);
                     END IF;
                 END IF;
-
                 v_tenant_row := claim_tenant_row(v_service, component, tenant, v_tenant_policed,
                                                  v_listed.components, v_listed.contested,
                                                  v_batch.held);
@@ -227,19 +185,11 @@ BEGIN
             EXIT items;
         END LOOP;
         v_served[i] := v_claimed;
+        -- A request that got nothing answers one row, whose querier_state says why.
         IF v_claimed = 0 THEN
-            username := NULL;
-            id := NULL;
-            job_id := NULL;
-            step_index := NULL;
-            component := NULL;
-            payload := NULL;
-            inputs := NULL;
-            attempt := NULL;
-            lease_expires_at := NULL;
-            tenant := NULL;
-            actor := NULL;
-            traceparent := NULL;
+            SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+              INTO username, id, job_id, step_index, component, payload, inputs, attempt,
+                   lease_expires_at, tenant, actor, traceparent;
             RETURN NEXT;
         END IF;
     END LOOP;

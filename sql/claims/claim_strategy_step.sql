@@ -11,7 +11,7 @@
 -- capped is passed over with no statement at all, since every claim of the batch meets it
 -- again at the head of the order. Under a hard cap (max_simultaneous) the value's
 -- strategy_running row is locked (SKIP LOCKED) and its count read afresh first, so that no two
--- transactions admit against the same count. A step whose user is at its cap or out of tokens
+-- transactions admit against the same count (check_hard_caps). A step whose user is at its cap or out of tokens
 -- is passed over, as is one of a tenant passed over. At most 256 steps are read per attempt,
 -- so that steps held or capped at the head of an order cannot make a claim walk the backlog.
 --
@@ -24,8 +24,7 @@
 -- cap or a rate limit; else use_fair when an attempt is the fair order. passed_over says a step
 -- was passed over because another transaction held its user or capped value's row (so that
 -- looking again may find it); limited ('cap', 'rate') and retry_ms why a user held it back.
--- Locks: the chosen step's users row (FOR NO KEY UPDATE SKIP LOCKED), the hard-capped values'
--- strategy_running rows (SKIP LOCKED, fold_strategy_running).
+-- Locks: the chosen step's users row (FOR NO KEY UPDATE SKIP LOCKED), then check_hard_caps'.
 
 CREATE OR REPLACE FUNCTION claim_strategy_step(
     p_service text,
@@ -55,11 +54,10 @@ DECLARE
     v_candidate record;
     v_pick record;
     v_user record;
-    v_cap record;
+    v_hard record;
     v_capped_job text;
     v_newly_capped text[];
     v_capped_count bigint;
-    v_running integer;
 BEGIN
     chosen := false;
     use_fair := false;
@@ -165,40 +163,18 @@ BEGIN
                                   retry_ms_until(v_user.throttled_until));
                 CONTINUE candidates;
             END IF;
-            -- Hard caps: the value's row locked (never waited for), then its count read afresh, in
-            -- a snapshot that holds every change logged by the transactions that held the row
-            -- before, and those this one logged since.
-            FOR v_cap IN
-                SELECT c ->> 'key' AS key, (c ->> 'max')::integer AS max,
-                       m.value
-                  FROM jsonb_array_elements(v_attempt -> 'caps') c
-                  JOIN job_metadata m
-                    ON (m.job_id, m.key) = (v_candidate.job_id, c ->> 'key')
-                 WHERE (c ->> 'hard')::boolean
-            LOOP
-                IF NOT fold_strategy_running(p_service, v_cap.key, v_cap.value)
-                THEN
+            IF v_attempt -> 'caps' <> '[]' THEN
+                v_hard := check_hard_caps(p_service, v_candidate.job_id, v_attempt -> 'caps');
+                IF v_hard.held THEN
                     passed_over := true;
                     CONTINUE candidates;
                 END IF;
-                SELECT r.running
-                       + coalesce((SELECT sum(l.running)
-                                     FROM strategy_running_changes l
-                                    WHERE (l.service, l.key, l.value)
-                                          = (r.service, r.key, r.value)),
-                                  0)
-                  INTO v_running
-                  FROM strategy_running r
-                 WHERE (r.service, r.key, r.value)
-                       = (p_service, v_cap.key, v_cap.value);
-                IF v_running >= v_cap.max THEN
-                    capped_values := capped_values
-                                || ROW(p_service, v_cap.key, v_cap.value,
-                                       v_cap.max::text)::text;
+                IF v_hard.capped IS NOT NULL THEN
+                    capped_values := capped_values || v_hard.capped;
                     capped_jobs := capped_jobs || v_capped_job;
                     CONTINUE candidates;
                 END IF;
-            END LOOP;
+            END IF;
             chosen := true;
             EXIT candidates;
         END LOOP;

@@ -305,6 +305,56 @@ fn the_fair_order_is_spelled_only_where_it_is_defined() {
     assert!(installed.iter().all(|file| !file.text.contains("{{")), "every order is written out");
 }
 
+/// The item counters have one writer, the counters duty: every statement and server function
+/// that sets one lives in `counters/` or `sql/counters/`, and the others hand their changes on.
+#[test]
+fn only_the_counters_duty_writes_the_counters() {
+    const COUNTERS: [&str; 8] = [
+        "ready_count",
+        "running_count",
+        "scheduled_count",
+        "successful_count",
+        "failed_count",
+        "canceled_count",
+        "local_ready",
+        "local_running",
+    ];
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let sources = files_under(&root.join("sql"), "sql").into_iter();
+    for file in sources.chain(files_under(&broker_source(), "sql")) {
+        if file.parent().is_some_and(|folder| folder.ends_with("counters")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).expect("readable file");
+        let code: String = text
+            .lines()
+            .map(|line| line.split("--").next().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n");
+        for counter in COUNTERS {
+            // A column set is named bare (`SET ready_count = ...`, or in a list); a column read
+            // is mostly named with its table's alias.
+            let set = code.match_indices(counter).any(|(at, _)| {
+                let before = code[..at].chars().next_back();
+                let after = code[at + counter.len()..].trim_start();
+                !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.')
+                    && (after.starts_with('=') && !after.starts_with("=>")
+                        || after.starts_with(',') && code[..at].trim_end().ends_with('('))
+            });
+            assert!(!set, "{} sets {counter}: only counters/ moves the counters", file.display());
+        }
+    }
+}
+
+/// A long function is split into named steps: none of `sql/` is over 200 lines.
+#[test]
+fn no_server_function_is_over_200_lines() {
+    for file in fairway_broker::db::functions::FILES {
+        let lines = file.text.lines().count();
+        assert!(lines <= 200, "{} has {lines} lines: split it into named steps", file.path());
+    }
+}
+
 /// The other way: no duty keeps database code of its own, and migrations hold schema only.
 #[test]
 fn server_functions_live_only_in_sql() {

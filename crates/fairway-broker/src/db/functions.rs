@@ -251,7 +251,7 @@ mod tests {
 
     /// The digest of the files at [`REVISION`].
     #[cfg(not(feature = "upgrade-drill"))]
-    const PINNED_DIGEST: &str = "ea5a2a8c957ab4dc2fc4bb225375d418f0c91a25b9f7525605ea4bddb7114f54";
+    const PINNED_DIGEST: &str = "3a5ce69f4d7841a065f7412ef1713f663c832236352e39d284b4ff6ccc8da5c3";
 
     #[cfg(not(feature = "upgrade-drill"))]
     #[test]
