@@ -1,17 +1,17 @@
 -- claim_fair_round: many picks of the fair order in one statement, where the head of the order
 -- says exactly what picking one item at a time would choose (plan_fair_round says how far).
--- claim_items calls it for a run of its requests that share a service and querier, when the
--- service has one component with claimable work and one tenant competing for it: then the
--- order is that tenant's users alone (claim_items step 3). The picks' items are leased in one
--- statement, which hands the counters' changes to count_claims. The caller takes the rest one
--- pick at a time; a tenant with a cap or a rate limit it takes one pick at a time from the
--- start (admit_tenant).
+-- claim_items calls it, set after set, for the run of its fair requests (no strategy) that
+-- share a service and querier, when the service has one component with claimable work and one
+-- tenant competing for it: then the order is that tenant's users alone. The picks' items are
+-- leased in one statement, which hands the counters' changes to count_claims. The caller takes
+-- the rest one pick at a time; a tenant with a cap or a rate limit it takes one pick at a time
+-- from the start (admit_tenant).
 --
--- Arguments: the service, querier and component; p_slots, one element per item the run still
--- wants, in the order they are served: the request it is for (an index into p_workers and
--- p_tokens, claim_items' arrays); the lease in milliseconds.
+-- Arguments: the service, querier and component; claim_items' request arrays, request i the
+-- i-th of each, with how many items each has been served so far; the lease in milliseconds.
 -- Answer: a row per pick, in order, with the request its item went to; id is NULL for a pick
--- whose item another transaction held after all, which is where the caller stops taking sets.
+-- whose item another transaction held after all. more, on every row: the set took items, all
+-- it chose, and fewer than the run wants, so that another set may take the next ones.
 -- Locks: as claim_items' picks take them: the head's users rows (SKIP LOCKED), the items
 -- (SKIP LOCKED), then count_claims' counter rows, then jobs. Only the one-tenant order is
 -- read, so no tenant row is locked or written.
@@ -20,7 +20,11 @@ CREATE OR REPLACE FUNCTION claim_fair_round(
     p_service text,
     p_querier text,
     p_component text,
-    p_slots integer[],
+    p_services text[],
+    p_queriers text[],
+    p_strategies jsonb[],
+    p_maxes integer[],
+    p_served integer[],
     p_workers integer[],
     p_tokens bigint[],
     p_lease_ms bigint
@@ -36,7 +40,8 @@ RETURNS TABLE (
     inputs jsonb,
     attempt integer,
     lease_expires_at timestamptz,
-    traceparent text
+    traceparent text,
+    more boolean
 )
 LANGUAGE plpgsql
 -- Planned once: a plan made afresh for each set would cost more than the set saves. Never
@@ -56,7 +61,19 @@ DECLARE
     v_tenant_policed boolean;
     v_least bigint;
     v_first_lags boolean;
+    -- The request of each item the run still wants, in the order they are served.
+    v_slots integer[];
 BEGIN
+    v_slots := ARRAY(SELECT r.i
+                       FROM unnest(p_services, p_queriers, p_strategies)
+                            WITH ORDINALITY AS r(service, querier, strategy, i)
+                      CROSS JOIN LATERAL generate_series(1, p_maxes[r.i] - p_served[r.i]) g
+                      WHERE (r.service, r.querier) = (p_service, p_querier)
+                        AND r.strategy IS NULL
+                      ORDER BY r.i, g);
+    IF cardinality(v_slots) = 0 THEN
+        RETURN;
+    END IF;
     -- The one active tenant queue, read as the one-at-a-time claim reads the tenants, and in
     -- the same statement the head of its users' order: its share, the least work in progress
     -- in the order. No user further ahead of it than there are items wanted can be reached,
@@ -101,7 +118,7 @@ BEGIN
     RETURN QUERY
     WITH chosen AS MATERIALIZED (
         SELECT *
-          FROM plan_fair_round(p_service, p_component, v_tenant, v_least, p_slots, v_at)
+          FROM plan_fair_round(p_service, p_component, v_tenant, v_least, v_slots, v_at)
     ), free AS (
         -- Each user's items: the lowest free ready ones of its step, one per pick, in order.
         SELECT c.username,
@@ -155,7 +172,9 @@ BEGIN
            AND j.status = 'accepted'
     )
     SELECT c.request, c.username, v_tenant, i.id, i.job_id, i.step_index, i.payload,
-           i.inputs, i.attempt, i.lease_expires_at, i.traceparent
+           i.inputs, i.attempt, i.lease_expires_at, i.traceparent,
+           count(i.id) OVER () > 0 AND count(i.id) OVER () = count(*) OVER ()
+               AND count(*) OVER () < cardinality(v_slots)
       FROM chosen c
       LEFT JOIN item i ON i.seq = c.seq
      -- Referenced, so that the counters move once every pick is leased.

@@ -6,7 +6,7 @@
 -- start (begin_claim_batch); 1. the components (list_components); 2 and 3. tenant, then user
 -- (claim_fair_user, claim_tenant_row); 4. the actor tree (claim_actor_path); 5 and 6. the step
 -- and its item (claim_step_item). Where the next choices are known to be the head of the
--- order they are made as sets (claim_fair_sets); a request with a strategy takes its step from
+-- order they are made as sets (claim_fair_round); a request with a strategy takes its step from
 -- claim_strategy_step. The levels are called as plain expressions, which start no executor.
 --
 -- Answer: a row per claimed item, tagged with its request's index (1-based). A request that got
@@ -50,23 +50,19 @@ DECLARE
     -- Tenant queues passed over for the batch, as ROW(service, component, tenant)::text.
     v_passed text[] := '{}';
     -- The capped values and jobs this transaction's strategies met (claim_strategy_step).
-    v_capped text[] := '{}';
-    v_capped_jobs text[] := '{}';
+    v_capped text[] := '{}'; v_capped_jobs text[] := '{}';
     -- The choice for one item, from a strategy or from the fair order's levels.
-    v_strategy record;
-    v_pick record;
-    v_chosen boolean;
-    v_tenant_policed boolean;
+    v_strategy record; v_pick record;
+    v_chosen boolean; v_tenant_policed boolean;
     v_step_job uuid; v_step_index integer;
     v_tenant_row record; v_item record;
-    -- How many items each request got (so far, from sets: claim_fair_sets).
+    -- How many items each request got (so far, from sets), and whether to take another set.
     v_served integer[] := array_fill(0, ARRAY[cardinality(p_services)]);
-    v_set record;
+    v_set record; v_more boolean;
 BEGIN
     v_batch := begin_claim_batch(p_services, p_queriers, p_maxes);
     FOREACH i IN ARRAY v_batch.in_order LOOP
-        v_service := p_services[i];
-        v_querier := p_queriers[i];
+        v_service := p_services[i]; v_querier := p_queriers[i];
         IF ARRAY[v_service, v_querier] IS DISTINCT FROM v_checked THEN
             v_checked := ARRAY[v_service, v_querier];
             v_listed := list_components(v_service, v_querier, p_touch_ms);
@@ -75,14 +71,18 @@ BEGIN
             querier_state := v_listed.querier_state;
             passed_over := false;
             -- Where one tenant is all the order holds, fair requests take sets of the order's
-            -- head for as long as that is exact (claim_fair_sets), then single items below.
-            IF v_count = 1 AND NOT v_listed.contested[1] THEN
+            -- head for as long as that is exact (claim_fair_round), then single items below.
+            v_more := v_count = 1 AND NOT v_listed.contested[1];
+            WHILE v_more LOOP
+                v_more := false;
                 FOR v_set IN
                     SELECT *
-                      FROM claim_fair_sets(v_service, v_querier, v_listed.components[1],
-                                           p_services, p_queriers, p_strategies,
-                                           v_batch.maxes, p_workers, p_tokens, p_lease_ms)
+                      FROM claim_fair_round(v_service, v_querier, v_listed.components[1],
+                                            p_services, p_queriers, p_strategies, v_batch.maxes,
+                                            v_served, p_workers, p_tokens, p_lease_ms)
                 LOOP
+                    v_more := v_set.more;
+                    CONTINUE WHEN v_set.id IS NULL;
                     v_served[v_set.request] := v_served[v_set.request] + 1;
                     request := v_set.request;
                     username := v_set.username;
@@ -101,7 +101,7 @@ BEGIN
                     retry_ms := v_batch.retry_ms[v_set.request];
                     RETURN NEXT;
                 END LOOP;
-            END IF;
+            END LOOP;
         END IF;
         request := i;
         passed_over := false;

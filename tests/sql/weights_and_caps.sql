@@ -114,11 +114,12 @@ SELECT is((SELECT array_agg(username ORDER BY seq) FROM pg_temp.claim('weighted-
 -- claim_fair_round called alone, so that claim_items' single picks cannot make up for a set
 -- that stopped short: the fourteen picks are one set, and in the same order.
 SELECT is((SELECT array_agg(r.username ORDER BY r.n) FILTER (WHERE r.id IS NOT NULL)
-             FROM claim_fair_round('weighted-round', 'pod-0', 'main', array_fill(1, ARRAY[14]),
+             FROM claim_fair_round('weighted-round', 'pod-0', 'main', ARRAY['weighted-round'],
+                                   ARRAY['pod-0'], ARRAY[NULL::jsonb], ARRAY[14], ARRAY[0],
                                    ARRAY[0], ARRAY[NULL::bigint], 300000)
                   WITH ORDINALITY AS r(request, username, tenant, id, job_id, step_index,
                                        payload, inputs, attempt, lease_expires_at,
-                                       traceparent, n)),
+                                       traceparent, more, n)),
           ARRAY['ari', 'bel', 'cas', 'cas', 'bel', 'cas', 'cas',
                 'ari', 'bel', 'cas', 'cas', 'bel', 'cas', 'cas'],
           'A set works the weights out itself: fourteen picks in one round, in the same order.');

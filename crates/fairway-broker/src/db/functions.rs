@@ -251,7 +251,7 @@ mod tests {
 
     /// The digest of the files at [`REVISION`].
     #[cfg(not(feature = "upgrade-drill"))]
-    const PINNED_DIGEST: &str = "3a5ce69f4d7841a065f7412ef1713f663c832236352e39d284b4ff6ccc8da5c3";
+    const PINNED_DIGEST: &str = "51e052a60ee3c48d4e8632de68b2b9bda95e5ab11f51c0f5b6598ad2c8b17fcd";
 
     #[cfg(not(feature = "upgrade-drill"))]
     #[test]
