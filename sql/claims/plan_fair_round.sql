@@ -35,10 +35,8 @@ RETURNS TABLE (
     at timestamptz
 )
 LANGUAGE plpgsql
--- As claim_fair_round, for the same reasons: planned once, never compiled, never a scan.
-SET plan_cache_mode = force_generic_plan
-SET jit = off
-SET enable_seqscan = off
+-- No settings of its own: it runs under those of claim_fair_round, its only caller (planned
+-- once, never compiled, never a scan), and setting them again would cost every set.
 AS $plan$
 #variable_conflict use_column
 BEGIN

@@ -12,8 +12,8 @@
 -- items it still has open (ready, scheduled or running), and whether its user's queue had no
 -- claimable work before the batch's retries made some (then a worker may be waiting).
 -- Locks: the caller holds the owners' users rows; this takes the user_work rows, then the
--- service_users and actor_queues rows. Runs from a generic plan: every statement is a
--- primary-key probe per step or owner whatever the arguments.
+-- service_users and actor_queues rows. Runs from its caller's generic plans (finish_items):
+-- every statement is a primary-key probe per step or owner whatever the arguments.
 
 CREATE OR REPLACE FUNCTION count_endings(
     p_job_ids uuid[],
@@ -33,7 +33,6 @@ RETURNS TABLE (
     queue_woke boolean
 )
 LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
 AS $count$
 #variable_conflict use_column
 BEGIN

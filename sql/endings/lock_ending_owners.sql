@@ -16,7 +16,7 @@ CREATE OR REPLACE FUNCTION lock_ending_owners(
     OUT some_held boolean
 )
 LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
+-- Runs from finish_items' generic plans, its only caller.
 AS $owners$
 DECLARE
     v_wanted text[];

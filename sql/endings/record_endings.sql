@@ -38,8 +38,8 @@ RETURNS TABLE (
     may_aggregate boolean
 )
 LANGUAGE plpgsql
--- Every statement is a primary-key probe per item whatever the arguments.
-SET plan_cache_mode = force_generic_plan
+-- Runs from finish_items' generic plans, its only caller: every statement is a primary-key
+-- probe per item whatever the arguments.
 AS $record$
 #variable_conflict use_column
 BEGIN

@@ -251,7 +251,7 @@ mod tests {
 
     /// The digest of the files at [`REVISION`].
     #[cfg(not(feature = "upgrade-drill"))]
-    const PINNED_DIGEST: &str = "51e052a60ee3c48d4e8632de68b2b9bda95e5ab11f51c0f5b6598ad2c8b17fcd";
+    const PINNED_DIGEST: &str = "81431a58c3075c0d2e3593c0bb9d1de507254ccb90a8968bad891333022fa7fa";
 
     #[cfg(not(feature = "upgrade-drill"))]
     #[test]
