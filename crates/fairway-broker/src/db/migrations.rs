@@ -39,7 +39,9 @@ fn carried() -> Vec<Migration> {
 const MIGRATION_LOCK: i64 = 0x0066_6169_7277_6179; // "fairway"
 
 /// How often a start tries to move the trigger bindings, each try waiting a little for the
-/// tables' locks, before it gives up.
+/// tables' locks, before it gives up. A try also ends when the move deadlocks with a broker's
+/// transaction that holds one table and wants another: PostgreSQL breaks the cycle by ending
+/// one of the two, and the move, unlike a claim, can simply go again.
 const BINDING_ATTEMPTS: u32 = 5;
 
 /// Where refinery records the migrations applied. Not refinery's default name, so that a
@@ -74,7 +76,11 @@ pub async fn run(pool: &Pool) -> Result<(), DbError> {
     let outcome = loop {
         match migrate(client).await {
             Err(DbError::Postgres(error))
-                if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
+                if [
+                    Some(&SqlState::LOCK_NOT_AVAILABLE),
+                    Some(&SqlState::T_R_DEADLOCK_DETECTED),
+                ]
+                .contains(&error.code())
                     && attempt < BINDING_ATTEMPTS =>
             {
                 tracing::warn!(
