@@ -17,20 +17,19 @@ mod embedded {
     refinery::embed_migrations!("../../migrations");
 }
 
-/// The upgrade drill's own migration (tests/upgrade), numbered far past any release's.
+/// The upgrade drill's own migration (tests/upgrade/migrations), numbered far past any
+/// release's.
 #[cfg(feature = "upgrade-drill")]
-const DRILL_MIGRATION: (&str, &str) =
-    ("V9000__upgrade_drill", include_str!("../../../../tests/upgrade/drill_migration.sql"));
+mod drill {
+    refinery::embed_migrations!("../../tests/upgrade/migrations");
+}
 
 /// This build's migrations, in order.
 fn carried() -> Vec<Migration> {
     #[allow(unused_mut)]
     let mut carried = embedded::migrations::runner().get_migrations().clone();
     #[cfg(feature = "upgrade-drill")]
-    carried.push(
-        Migration::unapplied(DRILL_MIGRATION.0, DRILL_MIGRATION.1)
-            .expect("the drill's migration is named as refinery wants"),
-    );
+    carried.extend(drill::migrations::runner().get_migrations().iter().cloned());
     carried.sort();
     carried
 }
