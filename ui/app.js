@@ -266,6 +266,7 @@ function drawShareTable(users, shares, entitled, userPolicies) {
   fillTable($("#share-table"), users.map((user, index) => ({ index, ...user })), [
     (u) => swatched(u.user, COLOURS[u.index % COLOURS.length]),
     (u) => u.weight,
+    (u) => u.tier,
     (u) => (entitled.has(u.user) ? shareBar(entitled.get(u.user), "entitled") : "–"),
     (u) => shareBar(shares[u.user] || 0, "actual"),
     (u) => u.running, (u) => u.ready, (u) => cap(u.max_running),
@@ -636,6 +637,7 @@ async function refreshTenants() {
     (t) => (t.max_outstanding === 0 ? "unlimited" : t.max_outstanding),
     (t) => t.outstanding,
     (t) => t.weight,
+    (t) => t.tier,
     (t) => t.running,
     (t) => cap(t.max_running),
     (t) => rateLimit(t.rate_per_second, t.burst),

@@ -22,11 +22,18 @@ const DRILL_CHANGE: (&str, &str, &str) =
 /// disagree. Each is the tail of that level's index (migrations), which the reads walk.
 /// A column is written `{t}.column`; `{t}` becomes the alias the file gives.
 const FAIR_ORDER: &[(&str, &str)] = &[
-    // Tenants within a (service, component): least work in progress for their weight, then
-    // least recently worked, a tenant never worked first.
-    ("tenant_order", "{t}.share, {t}.last_worked NULLS FIRST, {t}.tenant"),
+    // Tenants within a (service, component): the operator's tier first, then least work in
+    // progress for their weight, then the earliest weighted turn (turn_start: a row never
+    // served first), then least recently worked.
+    (
+        "tenant_order",
+        "{t}.tier, {t}.share, {t}.pass NULLS FIRST, {t}.last_worked NULLS FIRST, {t}.tenant",
+    ),
     // Users within a tenant's queue, likewise.
-    ("user_order", "{t}.share, {t}.last_worked NULLS FIRST, {t}.username"),
+    (
+        "user_order",
+        "{t}.tier, {t}.share, {t}.pass NULLS FIRST, {t}.last_worked NULLS FIRST, {t}.username",
+    ),
     // Actors within a user's queue, by their own counts.
     ("actor_order", "{t}.running_count, {t}.last_worked NULLS FIRST, {t}.path"),
     // A user's (or actor's) job steps: synchronous first, then the job's priority, then least

@@ -8,10 +8,12 @@
 -- from the start (admit_tenant).
 --
 -- Arguments: the service, querier and component; claim_items' request arrays, request i the
--- i-th of each, with how many items each has been served so far; the lease in milliseconds.
+-- i-th of each, with how many items each has been served so far; the lease in milliseconds;
+-- the batch's clocks (fair_clock).
 -- Answer: a row per pick, in order, with the request its item went to; id is NULL for a pick
 -- whose item another transaction held after all. more, on every row: the set took items, all
--- it chose, and fewer than the run wants, so that another set may take the next ones.
+-- it chose, and fewer than the run wants, so that another set may take the next ones; clocks,
+-- the batch's clocks after the set's turns (take_turns).
 -- Locks: as claim_items' picks take them: the head's users rows (SKIP LOCKED), the items
 -- (SKIP LOCKED), then count_claims' counter rows, then jobs. Only the one-tenant order is
 -- read, so no tenant row is locked or written.
@@ -27,21 +29,13 @@ CREATE OR REPLACE FUNCTION claim_fair_round(
     p_served integer[],
     p_workers integer[],
     p_tokens bigint[],
-    p_lease_ms bigint
+    p_lease_ms bigint,
+    p_clocks jsonb
 )
 RETURNS TABLE (
-    request integer,
-    username text,
-    tenant text,
-    id bigint,
-    job_id uuid,
-    step_index integer,
-    payload jsonb,
-    inputs jsonb,
-    attempt integer,
-    lease_expires_at timestamptz,
-    traceparent text,
-    more boolean
+    request integer, username text, tenant text, id bigint, job_id uuid, step_index integer,
+    payload jsonb, inputs jsonb, attempt integer, lease_expires_at timestamptz,
+    traceparent text, more boolean, clocks jsonb
 )
 LANGUAGE plpgsql
 -- Planned once: a plan made afresh for each set would cost more than the set saves. Never
@@ -60,7 +54,9 @@ DECLARE
     v_tenant text;
     v_tenant_policed boolean;
     v_least bigint;
+    v_tier smallint;
     v_first_lags boolean;
+    v_clock bigint;
     -- The request of each item the run still wants, in the order they are served.
     v_slots integer[];
 BEGIN
@@ -81,12 +77,13 @@ BEGIN
     -- plan, made once, cannot see the LIMIT. A first row that lags its user would end the set
     -- before its first pick: then the caller's single claims, which bring such rows level, go
     -- on at once. (Read without the user's lock: the set checks again under it.)
-    SELECT tq.tenant, t.max_running > 0 OR t.rate_per_second > 0, first.share, first.lags
-      INTO v_tenant, v_tenant_policed, v_least, v_first_lags
+    SELECT tq.tenant, t.max_running > 0 OR t.rate_per_second > 0, first.share, first.tier,
+           first.lags
+      INTO v_tenant, v_tenant_policed, v_least, v_tier, v_first_lags
       FROM tenant_queues tq
       JOIN tenants t ON t.tenant = tq.tenant
       LEFT JOIN LATERAL (
-           SELECT su.share,
+           SELECT su.share, su.tier,
                   (u.running_count, u.last_worked, u.weight, u.max_running,
                    u.throttled_until IS NOT NULL)
                       IS DISTINCT FROM (su.running_count, su.last_worked, su.weight,
@@ -114,11 +111,13 @@ BEGIN
     IF v_tenant_policed OR v_least IS NULL OR v_first_lags THEN
         RETURN;
     END IF;
+    v_clock := fair_clock(p_clocks, p_service, p_component, v_tenant);
 
     RETURN QUERY
     WITH chosen AS MATERIALIZED (
         SELECT *
-          FROM plan_fair_round(p_service, p_component, v_tenant, v_least, v_slots, v_at)
+          FROM plan_fair_round(p_service, p_component, v_tenant, v_tier, v_least, v_slots,
+                               v_at)
     ), free AS (
         -- Each user's items: the lowest free ready ones of its step, one per pick, in order.
         SELECT c.username,
@@ -151,17 +150,32 @@ BEGIN
            AND wi.id = ANY (ARRAY(SELECT unnest(listed.ids) FROM free listed))
      RETURNING wi.id, wi.job_id, wi.step_index, wi.payload, wi.inputs, wi.attempt,
                wi.lease_expires_at, c.username, c.seq, c.at, c.first_claim, c.only_step,
+               c.pass, c.fresh, c.weight,
                (SELECT j.traceparent FROM jobs j WHERE j.job_id = wi.job_id) AS traceparent
+    ), turns AS (
+        -- The picks' turns, taken in order as single claims would take them.
+        SELECT t.passes, t.clock, picks.seqs
+          FROM (SELECT array_agg(i.seq ORDER BY i.seq) AS seqs,
+                       array_agg(i.username ORDER BY i.seq) AS usernames,
+                       array_agg(i.pass ORDER BY i.seq) AS passes,
+                       array_agg(i.fresh ORDER BY i.seq) AS fresh,
+                       array_agg(i.weight ORDER BY i.seq) AS weights
+                  FROM item i) picks
+         CROSS JOIN LATERAL take_turns(v_clock, picks.usernames, picks.passes, picks.fresh,
+                                       picks.weights) t
     ), counted AS (
         -- The counters' changes, a user's picks summed (each user takes items of one step).
         SELECT count_claims(p_service, p_component, v_tenant, array_agg(cl.username),
                             array_agg(cl.job_id), array_agg(cl.step_index), array_agg(cl.items),
                             array_agg(cl.last_at), array_agg(cl.last_id),
-                            array_agg(cl.only_step), '{}', false, false) AS users
+                            array_agg(cl.only_step), '{}', false, false, array_agg(cl.pass),
+                            (SELECT t.clock FROM turns t), NULL) AS counts
           FROM (SELECT i.username, i.job_id, i.step_index, count(*)::integer AS items,
                        max(i.at) AS last_at, max(i.id) AS last_id,
-                       bool_and(i.only_step) AS only_step
+                       bool_and(i.only_step) AS only_step, max(taken.pass) AS pass
                   FROM item i
+                  JOIN (SELECT unnest(t.seqs) AS seq, unnest(t.passes) AS pass
+                          FROM turns t) taken ON taken.seq = i.seq
                  GROUP BY i.username, i.job_id, i.step_index) cl
     ), started AS (
         -- Only a step never worked before can belong to a job not yet running.
@@ -174,11 +188,13 @@ BEGIN
     SELECT c.request, c.username, v_tenant, i.id, i.job_id, i.step_index, i.payload,
            i.inputs, i.attempt, i.lease_expires_at, i.traceparent,
            count(i.id) OVER () > 0 AND count(i.id) OVER () = count(*) OVER ()
-               AND count(*) OVER () < cardinality(v_slots)
+               AND count(*) OVER () < cardinality(v_slots),
+           carry_fair_clock(p_clocks, p_service, p_component, v_tenant, t.clock)
       FROM chosen c
       LEFT JOIN item i ON i.seq = c.seq
      -- Referenced, so that the counters move once every pick is leased.
      CROSS JOIN counted
+     CROSS JOIN turns t
      ORDER BY c.seq;
 END;
 $round$;

@@ -45,20 +45,19 @@ DECLARE
     -- in held the greatest (service, component, tenant) key of the tenant rows it holds.
     v_batch record;
     -- The (service, querier) whose components were last listed (list_components), the list.
-    v_checked text[]; v_listed record; v_count integer;
-    v_claimed integer;
+    v_checked text[]; v_listed record; v_count integer; v_claimed integer;
     -- Tenant queues passed over for the batch, as ROW(service, component, tenant)::text.
     v_passed text[] := '{}';
     -- The capped values and jobs this transaction's strategies met (claim_strategy_step).
     v_capped text[] := '{}'; v_capped_jobs text[] := '{}';
     -- The choice for one item, from a strategy or from the fair order's levels.
-    v_strategy record; v_pick record;
-    v_chosen boolean; v_tenant_policed boolean;
-    v_step_job uuid; v_step_index integer;
-    v_tenant_row record; v_item record;
+    v_strategy record; v_pick record; v_chosen boolean; v_tenant_policed boolean;
+    v_step_job uuid; v_step_index integer; v_tenant_row record; v_item record;
     -- How many items each request got (so far, from sets), and whether to take another set.
     v_served integer[] := array_fill(0, ARRAY[cardinality(p_services)]);
     v_set record; v_more boolean;
+    -- The clocks of the weighted orders the batch took turns in, written at its end.
+    v_clocks jsonb := '{}';
 BEGIN
     v_batch := begin_claim_batch(p_services, p_queriers, p_maxes);
     FOREACH i IN ARRAY v_batch.in_order LOOP
@@ -68,8 +67,7 @@ BEGIN
             v_listed := list_components(v_service, v_querier, p_touch_ms);
             v_count := CASE WHEN v_listed.querier_state = 'active'
                             THEN coalesce(cardinality(v_listed.components), 0) ELSE 0 END;
-            querier_state := v_listed.querier_state;
-            passed_over := false;
+            querier_state := v_listed.querier_state; passed_over := false;
             -- Where one tenant is all the order holds, fair requests take sets of the order's
             -- head for as long as that is exact (claim_fair_round), then single items below.
             v_more := v_count = 1 AND NOT v_listed.contested[1];
@@ -79,9 +77,11 @@ BEGIN
                     SELECT *
                       FROM claim_fair_round(v_service, v_querier, v_listed.components[1],
                                             p_services, p_queriers, p_strategies, v_batch.maxes,
-                                            v_served, p_workers, p_tokens, p_lease_ms)
+                                            v_served, p_workers, p_tokens, p_lease_ms,
+                                            v_clocks)
                 LOOP
                     v_more := v_set.more;
+                    v_clocks := v_set.clocks;
                     CONTINUE WHEN v_set.id IS NULL;
                     v_served[v_set.request] := v_served[v_set.request] + 1;
                     request := v_set.request;
@@ -103,18 +103,15 @@ BEGIN
                 END LOOP;
             END LOOP;
         END IF;
-        request := i;
-        passed_over := false;
+        request := i; passed_over := false;
         v_claimed := v_served[i];
-        limited := v_batch.limited[i];
-        retry_ms := v_batch.retry_ms[i];
+        limited := v_batch.limited[i]; retry_ms := v_batch.retry_ms[i];
         <<items>>
         WHILE v_claimed < v_batch.maxes[i] AND v_count > 0 LOOP
             <<looks>>
             FOR look IN 1 .. 16 LOOP
                 v_chosen := false;
-                v_step_job := NULL;
-                v_step_index := NULL;
+                v_step_job := NULL; v_step_index := NULL;
                 actor := '{}';
                 IF p_strategies[i] IS NOT NULL THEN
                     v_strategy := claim_strategy_step(v_service, v_querier, p_strategies[i],
@@ -128,8 +125,7 @@ BEGIN
                     v_chosen := v_strategy.chosen;
                 END IF;
                 IF v_chosen THEN
-                    username := v_strategy.username;
-                    tenant := v_strategy.tenant;
+                    username := v_strategy.username; tenant := v_strategy.tenant;
                     component := v_strategy.component;
                     v_tenant_policed := v_strategy.tenant_policed;
                     actor := v_strategy.actor;
@@ -141,8 +137,7 @@ BEGIN
                     -- Nothing free for this request: the rest of the batch may still find work.
                     EXIT items WHEN v_pick.username IS NULL;
                     CONTINUE looks WHEN v_pick.stale;
-                    username := v_pick.username;
-                    tenant := v_pick.tenant;
+                    username := v_pick.username; tenant := v_pick.tenant;
                     component := v_pick.component;
                     v_tenant_policed := v_pick.tenant_policed;
                     IF v_pick.ready_count > v_pick.local_ready THEN
@@ -163,9 +158,10 @@ BEGIN
                 v_item := claim_step_item(v_service, component, v_querier, p_workers[i],
                                           p_tokens[i], p_lease_ms, username, tenant, actor,
                                           v_step_job, v_step_index, v_tenant_policed,
-                                          v_tenant_row.counted);
+                                          v_tenant_row.counted, v_clocks);
                 -- Its last ready item went to another claim or a cancel in between: look again.
                 CONTINUE looks WHEN v_item.id IS NULL;
+                v_clocks := v_item.clocks;
                 IF v_tenant_row.counted THEN
                     v_batch.held := greatest(v_batch.held, ARRAY[v_service, component, tenant]);
                 END IF;
@@ -195,6 +191,9 @@ BEGIN
     END LOOP;
     IF v_batch.policed THEN
         PERFORM charge_services(p_services, v_served);
+    END IF;
+    IF v_clocks <> '{}' THEN
+        PERFORM save_fair_clocks(v_clocks);
     END IF;
 END;
 $claims$;

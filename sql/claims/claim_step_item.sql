@@ -8,8 +8,9 @@
 -- Arguments: the service and component; the querier, worker slot and token claiming, and the
 -- lease in milliseconds; the user, its tenant and the actor path chosen; the step a strategy
 -- chose (NULL: the node's best); whether the tenant has a cap or a rate limit, and whether
--- its tenant_queues row counts claims (tenants compete).
--- Answer: the item (id NULL when no step had a free ready item after all: nothing moved).
+-- its tenant_queues row counts claims (tenants compete); the batch's clocks (fair_clock).
+-- Answer: the batch's clocks after the claim's turns, and the item (id NULL when no step had a
+-- free ready item after all: nothing moved).
 -- Locks: the item (SKIP LOCKED), then count_claims' counter rows (the tenant_queues row
 -- locked or waited for by the caller in its order), then jobs.
 
@@ -27,6 +28,7 @@ CREATE OR REPLACE FUNCTION claim_step_item(
     p_step_index integer,
     p_tenant_policed boolean,
     p_counted boolean,
+    INOUT clocks jsonb,
     OUT id bigint,
     OUT job_id uuid,
     OUT step_index integer,
@@ -43,7 +45,6 @@ DECLARE
     v_at timestamptz := clock_timestamp();
     v_first_claim boolean;
     v_only_step boolean;
-    v_counted integer;
 BEGIN
     -- 5 and 6, in one statement: nothing is leased or counted if no item was free.
     WITH step AS (
@@ -129,10 +130,20 @@ BEGIN
     IF id IS NULL THEN
         RETURN;
     END IF;
-    v_counted := count_claims(p_service, p_component, p_tenant, ARRAY[p_username],
-                              ARRAY[job_id], ARRAY[step_index], ARRAY[1], ARRAY[v_at],
-                              ARRAY[id], ARRAY[v_only_step], p_path, p_tenant_policed,
-                              p_counted);
+    -- The user's turn, and the tenant's where its row counts claims (count_claims).
+    SELECT carry_fair_clock(CASE WHEN p_counted THEN
+                                carry_fair_clock(clocks, p_service, p_component, NULL,
+                                                 c.tenant_clock)
+                                ELSE clocks END,
+                            p_service, p_component, p_tenant, c.user_clock)
+      INTO clocks
+      FROM count_claims(p_service, p_component, p_tenant, ARRAY[p_username], ARRAY[job_id],
+                        ARRAY[step_index], ARRAY[1], ARRAY[v_at], ARRAY[id],
+                        ARRAY[v_only_step], p_path, p_tenant_policed, p_counted, NULL,
+                        fair_clock(clocks, p_service, p_component, p_tenant),
+                        CASE WHEN p_counted THEN
+                            fair_clock(clocks, p_service, p_component, NULL)
+                        END) c;
     -- Only a step never worked before can belong to a job not yet running.
     IF v_first_claim THEN
         UPDATE jobs j

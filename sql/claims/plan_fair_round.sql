@@ -5,34 +5,30 @@
 -- The head says it up to the share of the first row it cannot vouch for: where the LIMIT cut
 -- it, or a row that lags its user, saw a step become claimable since this snapshot, or has
 -- work under actors. Why the picks then follow by share and by when each user was raised to
--- it (sort_key below) is in docs/design.md, "Many choices as one set".
--- Arguments: the service, component and tenant; p_least, the share at the head of the order;
--- p_slots, one element per item wanted, in the order they are served (the request each is
--- for); p_at, the instant of the first pick.
+-- it is in docs/design.md, "Many choices as one set". Only the head's tier is read: a user's
+-- tier does not move, and every user of a later tier waits for those of the head's.
+-- Arguments: the service, component and tenant; p_tier and p_least, the tier and share at the
+-- head of the order; p_slots, one element per item wanted, in the order they are served (the
+-- request each is for); p_at, the instant of the first pick.
 -- Answer: a row per pick, in order (seq), with its request, user, step and the step's
 -- ready_from, whether it is the step's first claim and the user's only claimable step, which
--- of the user's picks it is (nth, from 1) and its instant.
+-- of the user's picks it is (nth, from 1) and its instant; and the user's queue row's pass,
+-- fresh flag and weight, from which the set's turns are taken (take_turns).
 -- Locks: the head's users rows (SKIP LOCKED), in the order's order.
 
 CREATE OR REPLACE FUNCTION plan_fair_round(
     p_service text,
     p_component text,
     p_tenant text,
+    p_tier smallint,
     p_least bigint,
     p_slots integer[],
     p_at timestamptz
 )
 RETURNS TABLE (
-    seq bigint,
-    request integer,
-    username text,
-    job_id uuid,
-    step_index integer,
-    ready_from bigint,
-    first_claim boolean,
-    only_step boolean,
-    nth bigint,
-    at timestamptz
+    seq bigint, request integer, username text, job_id uuid, step_index integer,
+    ready_from bigint, first_claim boolean, only_step boolean, nth bigint, at timestamptz,
+    pass bigint, fresh boolean, weight integer
 )
 LANGUAGE plpgsql
 -- No settings of its own: it runs under those of claim_fair_round, its only caller (planned
@@ -43,7 +39,7 @@ BEGIN
     RETURN QUERY
     WITH candidates AS (
         SELECT su.username, su.running_count, su.weight, su.max_running, su.throttled,
-               su.share, su.last_worked, su.ready_count, su.local_ready,
+               su.share, su.last_worked, su.ready_count, su.local_ready, su.pass, su.fresh,
                row_number() OVER (ORDER BY {{user_order su}}) AS place
           FROM (SELECT su.*
                   FROM service_users su
@@ -52,10 +48,13 @@ BEGIN
                    AND su.tenant = p_tenant
                    AND su.in_order
                    AND su.ready_count > 0
+                   AND su.tier = p_tier
                    -- From 0: a count that fell since p_least was read still sorts first.
                    AND su.share BETWEEN 0 AND p_least + cardinality(p_slots) * 1000000::bigint
                  ORDER BY {{user_order su}}
                  LIMIT cardinality(p_slots)) su
+         -- Said again out here, so that the window knows the rows come in its order unsorted.
+         WHERE su.tier = p_tier
     ), head AS (
         -- The candidates whose users no other transaction holds, locked in order, and how many
         -- picks each user's cap and bucket still allow (one at least, for a row in the order
@@ -103,20 +102,23 @@ BEGIN
                        + ceil(cardinality(p_slots)::numeric / nullif(count(*), 0))::bigint
                          * 1000000
                   FROM head h) AS share_cap,
-               -- Whether the head holds a user for every item wanted at or below the least
-               -- share any user reaches by a second pick: then each takes one pick, in the
-               -- head's order, and no user's later picks need working out.
-               (SELECT count(*) >= cardinality(p_slots)
-                  FROM head h
-                 WHERE h.share <= (SELECT min((m.running_count + 1)::bigint * 1000000 / m.weight)
-                                     FROM head m))
-                   AS one_pick_each,
+               -- The least share any user reaches by a second pick.
+               (SELECT min((m.running_count + 1)::bigint * 1000000 / m.weight)
+                  FROM head m) AS second_share,
                (SELECT bool_or(h.weight > 1) FROM head h) AS weighted
+    ), plan AS (
+        -- Whether the head holds a user for every item wanted at or below second_share: then
+        -- each takes one pick, in the head's order, and no user's later picks need working out.
+        SELECT b.*,
+               (SELECT count(*) >= cardinality(p_slots) FROM head h
+                 WHERE h.share <= b.second_share) AS one_pick_each
+          FROM bounds b
     ), steps AS MATERIALIZED (
         -- Each usable user's best step, and, where it may take more than one pick, whether
         -- that is its only claimable step: such a user takes successive items of it; a user
         -- with more takes one item a set.
-        SELECT h.username, h.running_count, h.weight, h.share, h.allowed, h.place, s.job_id,
+        SELECT h.username, h.running_count, h.weight, h.share, h.allowed, h.place, h.pass,
+               h.fresh, s.job_id,
                s.step_index, s.ready_from,
                s.first_claim, s.ready_count AS step_ready,
                (SELECT count(*)
@@ -147,30 +149,27 @@ BEGIN
          WHERE b.first_inexact IS NULL OR h.place < b.first_inexact
     ), picks AS (
         -- A user's k-th pick (from 0) is made at its share with running_count + k items in
-        -- progress. At a share, those that started there go first (worked longest ago), then
-        -- those raised to it, in the order they were raised: so a pick sorts by its share, then
-        -- by its user's previous pick, recursively, down to the user's place in the head
-        -- (sort_key, compared as an array; -1 marks the start, below every share). Where every
-        -- weight is 1, the shares a user passes are one level apart, and the previous picks'
-        -- order is the users' running counts, highest first, then their places. A user with
-        -- another step takes its second pick from whichever step is then best: that pick is a
-        -- wall the set stops at. Picks go up to share_cap, and no further than the user's cap
-        -- and bucket allow: a user at either has left the order.
-        SELECT s.*, k + 1 AS nth,
+        -- progress. At a share, those that started there go first, in the head's order, then
+        -- those raised to it, in the order they were raised (each raised user's pass is then at
+        -- least the order's clock plus a stride, past those that started there). Where every
+        -- weight is 1, the shares a user passes are one level apart, and the order they were
+        -- raised in is the users' running counts, highest first, then their places. Weighted
+        -- users take one pick each, and only below second_share, where no raised user can come
+        -- between them: their later turns depend on passes the set does not work out. A user
+        -- with another step takes its second pick from whichever step is then best: that pick
+        -- is a wall the set stops at. Picks go up to share_cap, and no further than the user's
+        -- cap and bucket allow: a user at either has left the order.
+        SELECT s.*, k + 1 AS nth, b.weighted,
                (s.running_count + k)::bigint * 1000000 / s.weight AS pick_share,
-               CASE WHEN b.weighted THEN
-                   ARRAY(SELECT (s.running_count + j)::bigint * 1000000 / s.weight
-                           FROM generate_series(k, 0, -1) j)
-                   || ARRAY[-1, s.place]
-               END AS sort_key,
                (k = 0 OR s.only_step)
+               AND (NOT b.weighted OR s.share < b.second_share)
                AND (b.known_share IS NULL
                     OR (s.running_count + k)::bigint * 1000000 / s.weight < b.known_share
                     OR (k = 0 AND s.share = b.known_share)) AS exact
           FROM steps s
-         CROSS JOIN bounds b
+         CROSS JOIN plan b
          CROSS JOIN LATERAL generate_series(
-               0, CASE WHEN b.one_pick_each THEN 0
+               0, CASE WHEN b.one_pick_each OR b.weighted THEN 0
                        ELSE least(CASE WHEN s.only_step THEN s.step_ready ELSE 2 END,
                                   s.allowed,
                                   ((b.share_cap + 1) * s.weight + 999999) / 1000000
@@ -179,20 +178,23 @@ BEGIN
                   END) k
     ), chosen AS (
         SELECT q.username, q.job_id, q.step_index, q.ready_from, q.first_claim, q.only_step,
-               q.nth, q.seq,
+               q.nth, q.seq, q.pass, q.fresh, q.weight,
                p_slots[q.seq] AS request,
                p_at + (q.seq - 1) * interval '1 microsecond' AS at
           FROM (SELECT o.*, bool_and(o.exact) OVER (ORDER BY o.seq) AS in_prefix
                   FROM (SELECT p.*,
-                               row_number() OVER (ORDER BY p.pick_share, p.sort_key,
-                                                           p.running_count DESC, p.place)
+                               row_number() OVER (ORDER BY p.pick_share,
+                                                           CASE WHEN NOT p.weighted THEN
+                                                               p.running_count
+                                                           END DESC,
+                                                           p.place)
                                    AS seq
                           FROM picks p) o) q
          WHERE q.in_prefix
            AND q.seq <= cardinality(p_slots)
     )
     SELECT c.seq, c.request, c.username, c.job_id, c.step_index, c.ready_from, c.first_claim,
-           c.only_step, c.nth, c.at
+           c.only_step, c.nth, c.at, c.pass, c.fresh, c.weight
       FROM chosen c;
 END;
 $plan$;

@@ -73,6 +73,7 @@ BEGIN
                last_worked = CASE WHEN p_running <> 0 THEN v_last_worked
                                   ELSE su.last_worked END,
                ready_count = su.ready_count + v_claimable,
+               fresh = su.fresh OR su.ready_count = 0,
                local_ready = su.local_ready
                    + CASE WHEN v_step.actor = '{}' THEN v_claimable ELSE 0 END,
                local_running = su.local_running

@@ -21,12 +21,16 @@ LANGUAGE plpgsql
 AS $tenant$
 BEGIN
     IF p_activate THEN
-        -- A new queue copies its tenant's weight, as PUT /admin/tenants keeps the copies.
-        INSERT INTO tenant_queues AS tq (service, component, tenant, running_count, weight)
-        VALUES (p_service, p_component, p_tenant, greatest(p_running, 0),
-                (SELECT t.weight FROM tenants t WHERE t.tenant = p_tenant))
+        -- A new queue copies its tenant's weight and tier, as PUT /admin/tenants keeps the
+        -- copies. A queue (re)activated is fresh: its next turn starts at the clock.
+        INSERT INTO tenant_queues AS tq (service, component, tenant, running_count, weight,
+                                         tier)
+        SELECT p_service, p_component, p_tenant, greatest(p_running, 0), t.weight, t.tier
+          FROM tenants t
+         WHERE t.tenant = p_tenant
             ON CONFLICT (service, component, tenant) DO UPDATE
            SET active = true,
+               fresh = tq.fresh OR NOT tq.active,
                running_count = greatest(tq.running_count + p_running, 0);
         RETURN;
     END IF;

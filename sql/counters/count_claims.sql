@@ -7,7 +7,8 @@
 -- bucket; and the tenant_queues row when it counts claims (tenants compete).
 -- Only the claimed queue's row is written: the user's rows in other queues keep their copies,
 -- which then sort no later than the user does, and are brought level when one of them comes
--- to the head of its order (claim_fair_user).
+-- to the head of its order (claim_fair_user). The claimed rows take their turns (turn_start):
+-- the users' and the counted tenant row's passes move on, and their orders' clocks with them.
 --
 -- Arguments: the service, component and tenant claimed from; entry i, one per user, says user
 -- p_usernames[i] took p_items[i] items of step (p_job_ids[i], p_step_indexes[i]), the last at
@@ -16,7 +17,10 @@
 -- track_claimable_step levels it if another step joins). p_path: the actor path claimed under
 -- ('{}': the user's own jobs; a path is claimed for one user at a time). p_tenant_policed:
 -- the tenant has a cap or rate limit; p_counted: its tenant_queues row counts claims.
--- Answer: the number of users counted.
+-- p_passes: each user's pass after its picks, where a set worked them out (take_turns); NULL
+-- for a single pick, whose turn is taken here. p_user_clock and p_tenant_clock: the clocks of
+-- the queue's users' order and of the component's tenants' order, as the batch carries them.
+-- Answer: users, the number of users counted; the two clocks after the claims.
 -- Locks, in the claim's order: user_work, users (the claim holds them already),
 -- service_users, actor_queues, tenants, tenant_queues.
 
@@ -33,22 +37,29 @@ CREATE OR REPLACE FUNCTION count_claims(
     p_only_steps boolean[],
     p_path text[],
     p_tenant_policed boolean,
-    p_counted boolean
+    p_counted boolean,
+    p_passes bigint[],
+    p_user_clock bigint,
+    p_tenant_clock bigint,
+    OUT users integer,
+    OUT user_clock bigint,
+    OUT tenant_clock bigint
 )
-RETURNS integer
 LANGUAGE plpgsql
 -- One plan for any number of entries: a plan made for each call's arrays would be remade on
 -- every claim, and costs more than the updates it plans.
 SET plan_cache_mode = force_generic_plan
 AS $count$
 DECLARE
-    v_users integer;
+    v_start bigint;
 BEGIN
+    user_clock := p_user_clock;
+    tenant_clock := p_tenant_clock;
     WITH claimed AS (
         SELECT c.*
           FROM unnest(p_usernames, p_job_ids, p_step_indexes, p_items, p_last_at, p_last_ids,
-                      p_only_steps)
-               AS c(username, job_id, step_index, items, last_at, last_id, only_step)
+                      p_only_steps, p_passes)
+               AS c(username, job_id, step_index, items, last_at, last_id, only_step, pass)
     ), steps AS (
         UPDATE user_work uw
            SET ready_count = uw.ready_count - c.items,
@@ -74,25 +85,34 @@ BEGIN
          WHERE u.username = c.username
            AND u.username = ANY (p_usernames)
      RETURNING u.username, c.items, u.running_count, u.last_worked,
-               u.throttled_until IS NOT NULL AS throttled, c.only_step, c.job_id, c.step_index
+               u.throttled_until IS NOT NULL AS throttled, c.only_step, c.job_id, c.step_index,
+               c.pass
+    ), queues AS (
+        UPDATE service_users su
+           SET running_count = o.running_count,
+               last_worked = o.last_worked,
+               throttled = o.throttled,
+               ready_count = su.ready_count - o.items,
+               local_ready = su.local_ready - CASE WHEN p_path = '{}' THEN o.items ELSE 0 END,
+               local_running = su.local_running + CASE WHEN p_path = '{}' THEN o.items ELSE 0 END,
+               local_last_worked = CASE WHEN p_path = '{}' THEN o.last_worked
+                                        ELSE su.local_last_worked END,
+               lone_job_id = CASE WHEN o.only_step THEN o.job_id ELSE su.lone_job_id END,
+               lone_step_index = CASE WHEN o.only_step THEN o.step_index
+                                      ELSE su.lone_step_index END,
+               pass = coalesce(o.pass, turn_start(su.pass, su.fresh, su.weight, p_user_clock)
+                                       + stride_for_weight(su.weight)),
+               fresh = false
+          FROM owners o
+         WHERE (su.username, su.service, su.component, su.tenant)
+               = (o.username, p_service, p_component, p_tenant)
+           AND su.username = ANY (p_usernames)
+         RETURNING su.pass - stride_for_weight(su.weight) AS start
     )
-    UPDATE service_users su
-       SET running_count = o.running_count,
-           last_worked = o.last_worked,
-           throttled = o.throttled,
-           ready_count = su.ready_count - o.items,
-           local_ready = su.local_ready - CASE WHEN p_path = '{}' THEN o.items ELSE 0 END,
-           local_running = su.local_running + CASE WHEN p_path = '{}' THEN o.items ELSE 0 END,
-           local_last_worked = CASE WHEN p_path = '{}' THEN o.last_worked
-                                    ELSE su.local_last_worked END,
-           lone_job_id = CASE WHEN o.only_step THEN o.job_id ELSE su.lone_job_id END,
-           lone_step_index = CASE WHEN o.only_step THEN o.step_index
-                                  ELSE su.lone_step_index END
-      FROM owners o
-     WHERE (su.username, su.service, su.component, su.tenant)
-           = (o.username, p_service, p_component, p_tenant)
-       AND su.username = ANY (p_usernames);
-    GET DIAGNOSTICS v_users = ROW_COUNT;
+    SELECT count(*), max(q.start) INTO users, v_start FROM queues q;
+    IF p_passes IS NULL THEN
+        user_clock := greatest(p_user_clock, v_start);
+    END IF;
     IF p_path <> '{}' THEN
         UPDATE actor_queues a
            SET ready_count = a.ready_count - p_items[1],
@@ -117,9 +137,13 @@ BEGIN
     IF p_counted THEN
         UPDATE tenant_queues tq
            SET running_count = tq.running_count + (SELECT sum(i)::integer FROM unnest(p_items) i),
-               last_worked = (SELECT max(at) FROM unnest(p_last_at) at)
-         WHERE (tq.service, tq.component, tq.tenant) = (p_service, p_component, p_tenant);
+               last_worked = (SELECT max(at) FROM unnest(p_last_at) at),
+               pass = turn_start(tq.pass, tq.fresh, tq.weight, p_tenant_clock)
+                      + stride_for_weight(tq.weight),
+               fresh = false
+         WHERE (tq.service, tq.component, tq.tenant) = (p_service, p_component, p_tenant)
+     RETURNING tq.pass - stride_for_weight(tq.weight) INTO v_start;
+        tenant_clock := greatest(p_tenant_clock, v_start);
     END IF;
-    RETURN v_users;
 END;
 $count$;

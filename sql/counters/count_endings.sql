@@ -86,6 +86,7 @@ BEGIN
         UPDATE service_users su
            SET running_count = o.running_count,
                last_worked = o.last_worked,
+               fresh = su.fresh OR su.ready_count = 0,
                (ready_count, local_ready, local_running) = (
                    SELECT su.ready_count + coalesce(sum(q.claimable), 0),
                           su.local_ready + coalesce(sum(q.local_claimable), 0),

@@ -39,9 +39,9 @@ BEGIN
             ON CONFLICT (username, service, component, tenant, path) DO NOTHING
     )
     INSERT INTO service_users (service, component, tenant, username, running_count, last_worked,
-                               weight, max_running, throttled)
+                               weight, max_running, throttled, tier)
     SELECT step.service, c.component, step.tenant, u.username, u.running_count, u.last_worked,
-           u.weight, u.max_running, u.throttled_until IS NOT NULL
+           u.weight, u.max_running, u.throttled_until IS NOT NULL, u.tier
       FROM step
       JOIN users u ON u.username = step.username,
            unnest(p_components) AS c(component)

@@ -27,6 +27,7 @@ AS $pause$
     ), queue_counts AS (
         UPDATE service_users su
            SET ready_count = su.ready_count + pq.delta,
+               fresh = su.fresh OR su.ready_count = 0,
                local_ready = su.local_ready
                    + CASE WHEN cardinality(pq.actor) = 0 THEN pq.delta ELSE 0 END
           FROM per_queue pq
@@ -43,14 +44,15 @@ AS $pause$
            AND (a.path = pq.actor[1:1] OR a.path = pq.actor[1:2] OR a.path = pq.actor[1:3])
     ), tenants_activated AS (
         -- In key order, as apply_tenant_deltas takes them.
-        INSERT INTO tenant_queues AS tq (service, component, tenant, weight)
-        SELECT DISTINCT pq.service, pq.component, pq.tenant, t.weight
+        INSERT INTO tenant_queues AS tq (service, component, tenant, weight, tier)
+        SELECT DISTINCT pq.service, pq.component, pq.tenant, t.weight, t.tier
           FROM per_queue pq
           JOIN tenants t ON t.tenant = pq.tenant
          WHERE pq.delta > 0
            AND EXISTS (SELECT 1 FROM queue_counts)
          ORDER BY pq.service, pq.component, pq.tenant
-            ON CONFLICT (service, component, tenant) DO UPDATE SET active = true
+            ON CONFLICT (service, component, tenant) DO UPDATE
+           SET active = true, fresh = tq.fresh OR NOT tq.active
     )
     SELECT DISTINCT pq.service
       FROM per_queue pq

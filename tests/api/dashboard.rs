@@ -189,7 +189,7 @@ async fn the_tenants_page_shows_the_apis_tenants_and_queriers() {
     assert_eq!(shown.len(), tenants["tenants"].as_array().map_or(0, Vec::len));
     let acme = shown.iter().find(|row| row[0] == "acme").expect("acme is listed");
     assert_eq!(acme[1..4], ["1", "500", "1"], "limits and waiting items: {shown:?}");
-    assert_eq!(acme[9], "every querier", "one querier: the shard is all of them");
+    assert_eq!(acme[10], "every querier", "one querier: the shard is all of them");
     let default = shown.iter().find(|row| row[0] == "default").expect("default is listed");
     assert_eq!(default[1..3], ["all", "unlimited"], "0 means no limit: {shown:?}");
     let queriers = browser.table("#querier-list").await;
@@ -328,7 +328,7 @@ async fn the_fair_share_page_shows_entitled_and_actual_shares_limits_and_who_is_
     put_policy(
         &app,
         "/admin/tenants/acme",
-        json!({ "weight": 2, "max_running": 1, "rate_per_second": 5, "burst": 2 }),
+        json!({ "weight": 2, "tier": 1, "max_running": 1, "rate_per_second": 5, "burst": 2 }),
     )
     .await;
     app.submit_simple("alice", "svc", 12, true).await;
@@ -342,14 +342,14 @@ async fn the_fair_share_page_shows_entitled_and_actual_shares_limits_and_who_is_
     assert_eq!(app.claim_with("service=other&querier=pod-1&max=3").await.len(), 1);
 
     browser.open(&app, "shares/svc").await;
-    // Columns: user, weight, entitled share, actual share, running, ready, max running, rate
-    // limit, state. Entitled: 1 and 3 of 4; actual: 1 and 9 of the 10 running items.
+    // Columns: user, weight, tier, entitled share, actual share, running, ready, max running,
+    // rate limit, state. Entitled: 1 and 3 of 4; actual: 1 and 9 of the 10 running items.
     let shown = browser.await_table("#share-table", "both users", |rows| rows.len() == 2).await;
     assert_eq!(
         shown,
         [
-            ["bob", "3", "75 %", "90 %", "9", "3", "none", "50/s, burst 20", ""],
-            ["alice", "1", "25 %", "10 %", "1", "11", "1", "none", "at cap"],
+            ["bob", "3", "3", "75 %", "90 %", "9", "3", "none", "50/s, burst 20", ""],
+            ["alice", "1", "3", "25 %", "10 %", "1", "11", "1", "none", "at cap"],
         ],
         "the users most running first"
     );
@@ -377,18 +377,29 @@ async fn the_fair_share_page_shows_entitled_and_actual_shares_limits_and_who_is_
     let shown = browser.await_table("#share-table", "carol", |rows| rows.len() == 1).await;
     assert_eq!(
         shown,
-        [["carol", "1", "100 %", "100 %", "1", "2", "none", "0.001/s, burst 1", "rate-limited"]]
+        [[
+            "carol",
+            "1",
+            "3",
+            "100 %",
+            "100 %",
+            "1",
+            "2",
+            "none",
+            "0.001/s, burst 1",
+            "rate-limited"
+        ]]
     );
 
     // Her tenant is at its cap of one running item.
     browser.open(&app, "tenants").await;
-    // Columns: tenant, max queriers, max outstanding, outstanding, weight, running, max
+    // Columns: tenant, max queriers, max outstanding, outstanding, weight, tier, running, max
     // running, rate limit, state, served by.
     let tenants = browser.table("#tenant-list").await;
     let acme = tenants.iter().find(|row| row[0] == "acme").expect("acme is listed");
-    assert_eq!(acme[4..9], ["2", "1", "1", "5/s, burst 2", "at cap"], "{tenants:?}");
+    assert_eq!(acme[4..10], ["2", "1", "1", "1", "5/s, burst 2", "at cap"], "{tenants:?}");
     let default = tenants.iter().find(|row| row[0] == "default").expect("default is listed");
-    assert_eq!(default[4..9], ["1", "10", "none", "none", ""], "{tenants:?}");
+    assert_eq!(default[4..10], ["1", "3", "10", "none", "none", ""], "{tenants:?}");
     browser.screenshot("tenants-policies").await;
     browser.close().await;
 }

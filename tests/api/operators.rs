@@ -20,10 +20,10 @@ async fn admin_shares_count_each_users_running_and_ready_items_of_a_service() {
     assert_eq!(
         body["users"],
         json!([
-            { "user": "alice", "running": 2, "ready": 1, "weight": 1, "max_running": 0,
-              "rate_per_second": 0.0, "at_cap": false, "throttled": false },
-            { "user": "bob", "running": 1, "ready": 1, "weight": 1, "max_running": 0,
-              "rate_per_second": 0.0, "at_cap": false, "throttled": false },
+            { "user": "alice", "running": 2, "ready": 1, "weight": 1, "tier": 3,
+              "max_running": 0, "rate_per_second": 0.0, "at_cap": false, "throttled": false },
+            { "user": "bob", "running": 1, "ready": 1, "weight": 1, "tier": 3,
+              "max_running": 0, "rate_per_second": 0.0, "at_cap": false, "throttled": false },
         ]),
         "{body}"
     );

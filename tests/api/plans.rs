@@ -124,10 +124,16 @@ fn assert_index_probes(name: &str, plan: &Value) {
     for node in nodes(plan) {
         let kind = node["Node Type"].as_str().unwrap_or_default();
         // The per-pod queriers table is small, and so is service_policies, a row per service
-        // an operator set a policy on; the logs of running changes hold the changes since the
-        // last fold (a claim batch's, or the upkeep's every second).
-        let small =
-            ["queriers", "service_policies", "tenant_running_changes", "strategy_running_changes"];
+        // an operator set a policy on, and fair_clocks, a row per queue claimed from; the logs
+        // of running changes hold the changes since the last fold (a claim batch's, or the
+        // upkeep's every second).
+        let small = [
+            "queriers",
+            "service_policies",
+            "fair_clocks",
+            "tenant_running_changes",
+            "strategy_running_changes",
+        ];
         if !small.iter().any(|table| node["Relation Name"] == *table) {
             assert_ne!(kind, "Seq Scan", "{name} scans {}: {plan:#}", node["Relation Name"]);
         }
@@ -470,8 +476,8 @@ async fn the_hot_path_is_index_probes_at_a_million_items() {
         }
         assert!(bounded_item_probe, "no claim reads a step's items from its ready_from ({mode})");
         let expected_indexes = [
-            "tenant_queues_fair_order",
-            "service_users_fair_order",
+            "tenant_queues_fair_turns",
+            "service_users_fair_turns",
             "actor_queues_fair_order",
             "user_work_claimable",
             "work_items_ready",

@@ -281,8 +281,8 @@ async fn a_user_policy_is_set_before_work_arrives_and_kept_field_by_field() {
     let (status, body) = put_user(&app, "ann", json!({"weight": 3})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let expected = json!({
-        "user": "ann", "weight": 3, "max_running": 0, "rate_per_second": 0.0, "burst": 1,
-        "running": 0, "at_cap": false, "throttled_until": null
+        "user": "ann", "weight": 3, "tier": 3, "max_running": 0, "rate_per_second": 0.0,
+        "burst": 1, "running": 0, "at_cap": false, "throttled_until": null
     });
     assert_eq!(body, expected);
     let (_, body) = put_user(&app, "ann", json!({"max_running": 1, "burst": 2})).await;
@@ -306,6 +306,8 @@ async fn a_user_policy_is_set_before_work_arrives_and_kept_field_by_field() {
         (json!({"max_running": -1}), "max_running"),
         (json!({"rate_per_second": -2}), "rate_per_second"),
         (json!({"burst": 0}), "burst"),
+        (json!({"tier": 0}), "tier"),
+        (json!({"tier": 6}), "tier"),
         (json!({"weight": 2, "colour": "red"}), "colour"),
     ];
     for (body, field) in refusals {
@@ -528,4 +530,134 @@ async fn backlogged_tenants_share_the_workers_in_proportion_to_their_weights() {
     }
     assert_eq!((held["heavy"], held["light"]), (6, 2), "{held:?}");
     app.assert_consistent().await;
+}
+
+/// Six workers on two brokers serve `users`, each backlogged in `svc`: each worker ends its
+/// item and asks again, the oldest first, `claims` times. Answers the items each user was
+/// handed, by user.
+async fn serve_six_workers(
+    brokers: [&TestApp; 2],
+    claims: usize,
+) -> std::collections::BTreeMap<String, usize> {
+    let mut served = std::collections::BTreeMap::<String, usize>::new();
+    let mut running = std::collections::VecDeque::new();
+    for claim in 0..claims {
+        if running.len() == 6 {
+            let item: Value = running.pop_front().expect("an item runs");
+            brokers[claim % 2].succeed(&item, json!([])).await;
+        }
+        let query = format!("service=svc&querier=pod-{}&worker=0", claim % 6);
+        let item = brokers[claim % 2].claim_with(&query).await.pop().expect("an item");
+        *served.entry(item["user"].as_str().expect("user").to_owned()).or_default() += 1;
+        running.push_back(item);
+    }
+    served
+}
+
+#[tokio::test]
+async fn weights_buy_turns_where_users_outnumber_workers_across_two_brokers() {
+    let first = spawn_app().await;
+    let second = spawn_broker(ServeArgs::for_tests(), first.config.clone()).await;
+    // Thirty users weighted 1, 2 and 4, ten of each, through six workers: each holds one item
+    // at most, so every share ties at 0 and the turns decide.
+    let weight_of = |user: usize| [1, 2, 4][user % 3];
+    for user in 0..30 {
+        let name = format!("u{user:02}");
+        put_user(&first, &name, json!({ "weight": weight_of(user) })).await;
+        first.submit_simple(&name, "svc", 40, true).await;
+    }
+    let served = serve_six_workers([&first, &second], 280).await;
+    let mean = |weight: usize| {
+        let users: Vec<usize> = (0..30).filter(|user| weight_of(*user) == weight).collect();
+        let items: usize =
+            users.iter().map(|user| served.get(&format!("u{user:02}")).copied().unwrap_or(0)).sum();
+        items as f64 / users.len() as f64
+    };
+    let (one, two, four) = (mean(1), mean(2), mean(4));
+    assert!((1.7..=2.3).contains(&(two / one)), "weight 2 got {two} to weight 1's {one}");
+    assert!((3.4..=4.6).contains(&(four / one)), "weight 4 got {four} to weight 1's {one}");
+    // Weighted Jain's index over every user: 1.0 when each gets its weight's share.
+    let shares: Vec<f64> = (0..30)
+        .map(|user| {
+            let items = served.get(&format!("u{user:02}")).copied().unwrap_or(0);
+            items as f64 / weight_of(user) as f64
+        })
+        .collect();
+    let sum: f64 = shares.iter().sum();
+    let jain = sum * sum / (shares.len() as f64 * shares.iter().map(|x| x * x).sum::<f64>());
+    assert!(jain >= 0.95, "weighted Jain's index {jain:.3}: {served:?}");
+    first.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn a_heavy_user_arriving_late_gets_its_weighted_share_and_no_more() {
+    let first = spawn_app().await;
+    let second = spawn_broker(ServeArgs::for_tests(), first.config.clone()).await;
+    for user in 0..20 {
+        first.submit_simple(&format!("u{user:02}"), "svc", 60, true).await;
+    }
+    serve_six_workers([&first, &second], 60).await;
+    // A user weighted 4 arrives among twenty weighted 1: a weighted share of 4 / 24 of what
+    // follows, starting at the order's clock, with no credit for the time before it came.
+    put_user(&first, "late", json!({"weight": 4})).await;
+    first.submit_simple("late", "svc", 200, true).await;
+    let served = serve_six_workers([&second, &first], 240).await;
+    let late = served.get("late").copied().unwrap_or(0);
+    assert!((32..=48).contains(&late), "late got {late} of 240, its share being 40: {served:?}");
+    first.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn tiers_go_first_within_a_tenant_and_among_tenants_across_two_brokers() {
+    let first = spawn_app().await;
+    let second = spawn_broker(ServeArgs::for_tests(), first.config.clone()).await;
+    submit_for(&first, "ann", "acme", "svc", 10).await;
+    submit_for(&first, "vip", "acme", "svc", 10).await;
+    submit_for(&first, "bob", "beta", "svc", 10).await;
+    let (status, body) = put_user(&first, "vip", json!({"tier": 1})).await;
+    assert_eq!((status, body["tier"].clone()), (StatusCode::OK, json!(1)), "{body}");
+    let acme = put_tenant(&second, "acme", json!({"tier": 2, "weight": 2})).await;
+    assert_eq!((acme["tier"].clone(), acme["weight"].clone()), (json!(2), json!(2)));
+    assert_eq!(user_policy(&second, "vip").await.1["tier"], 1);
+
+    // acme's tier puts it before beta however much it runs, and within acme vip goes first.
+    let brokers = [&first, &second];
+    let claims = (0..8).map(|worker| {
+        let app = brokers[worker % 2];
+        let query = format!("service=svc&querier=pod-{worker}&worker=0&max=2");
+        async move { app.claim_with(&query).await }
+    });
+    let handed_out: Vec<Value> = join_all(claims).await.into_iter().flatten().collect();
+    let count = |key: &str, value: &str| handed_out.iter().filter(|i| i[key] == value).count();
+    assert_eq!(handed_out.len(), 16);
+    assert_eq!((count("user", "vip"), count("user", "ann")), (10, 6), "vip first, then ann");
+    assert_eq!(count("tenant", "beta"), 0, "beta waits for the higher tier");
+    first.assert_consistent().await;
+}
+
+#[tokio::test]
+async fn the_consistency_check_finds_tier_copies_and_passes_ahead_of_their_clock() {
+    let app = spawn_app().await;
+    submit_for(&app, "ann", "acme", "svc", 2).await;
+    submit_for(&app, "bob", "beta", "svc", 2).await;
+    app.claim("svc").await.expect("an item");
+    app.claim("svc").await.expect("an item");
+    app.assert_consistent().await;
+    // A tier the user or tenant does not have would misplace it in the order; a pass more than
+    // a stride past its order's clock would hold its row back for as long.
+    for drift in [
+        "UPDATE service_users SET tier = 1 WHERE username = 'ann'",
+        "UPDATE tenant_queues SET tier = 5 WHERE tenant = 'beta'",
+        "UPDATE service_users SET pass = 9000000 WHERE username = 'bob'",
+    ] {
+        app.db.execute(drift, &[]).await.expect("drift");
+    }
+    let body: Value = app.get("/admin/consistency").await.json().await.expect("JSON");
+    let mismatches = body["mismatches"].as_array().expect("mismatches");
+    let found: Vec<(&str, &Value)> =
+        mismatches.iter().map(|m| (m["table"].as_str().expect("table"), &m["key"])).collect();
+    assert_eq!(mismatches.len(), 3, "{body:#}");
+    assert!(found.iter().any(|(t, key)| *t == "service_users" && key["user"] == "ann"));
+    assert!(found.iter().any(|(t, key)| *t == "tenant_queues" && key["tenant"] == "beta"));
+    assert!(found.iter().any(|(t, key)| *t == "service_users" && key["user"] == "bob"));
 }

@@ -105,7 +105,7 @@ SELECT is(claim_actor_path('una', 'actors', 'main', 'lone', 1, 0, NULL), '{}'::t
 
 -- 5 and 6. The step and its item.
 SELECT is((claim_step_item('levels', 'main', 'pod-0', 3, NULL, 60000, 'ann', 'ta', '{}', NULL,
-                           NULL, false, true)).id,
+                           NULL, false, true, '{}')).id,
           pg_temp.item('a1', 1),
           'The user''s best step gives its lowest ready item.');
 SELECT is((SELECT (wi.status, wi.worker, uw.ready_count, uw.running_count, tq.running_count)::text
@@ -117,7 +117,7 @@ SELECT is((SELECT (wi.status, wi.worker, uw.ready_count, uw.running_count, tq.ru
           '(running,3,1,1,1)',
           'The item is leased, and its step''s and its tenant''s counters move with it.');
 SELECT is((claim_step_item('levels', 'main', 'pod-0', 0, NULL, 60000, 'nobody', 'ta', '{}',
-                           NULL, NULL, false, true)).id,
+                           NULL, NULL, false, true, '{}')).id,
           NULL,
           'A user with no ready step gets nothing.');
 

@@ -7,16 +7,6 @@
 BEGIN;
 \ir support.psql
 
--- Policies are set by statements the broker runs (PUT /admin/users/…/policy and
--- PUT /admin/tenants/…), not by server functions: they are read from their files, as the
--- broker reads them, so that the copies they make onto the fair order's rows are the ones
--- under test. The runner starts pg_prove at the repository root.
-\set set_user_policy `cat crates/fairway-broker/src/policies/set_user_policy.sql`
-PREPARE set_user_policy(text, integer, integer, double precision, integer) AS :set_user_policy
-\set upsert_tenant `cat crates/fairway-broker/src/tenancy/upsert_tenant.sql`
-PREPARE upsert_tenant(text, integer, integer, integer, integer, double precision, integer)
-    AS :upsert_tenant
-
 SELECT plan(51);
 
 -- The items of user p_user now running, over every service: what a policy holds to, counted
@@ -69,15 +59,15 @@ BEGIN
     PERFORM pg_temp.submit('cas', 'cas', 'weighted-round', 10, 'solo');
 END;
 $$;
-EXECUTE set_user_policy('ann', 1, NULL, NULL, NULL);
-EXECUTE set_user_policy('ben', 2, NULL, NULL, NULL);
-EXECUTE set_user_policy('col', 4, NULL, NULL, NULL);
-EXECUTE set_user_policy('ava', 1, NULL, NULL, NULL);
-EXECUTE set_user_policy('bea', 2, NULL, NULL, NULL);
-EXECUTE set_user_policy('cid', 4, NULL, NULL, NULL);
-EXECUTE set_user_policy('ari', 1, NULL, NULL, NULL);
-EXECUTE set_user_policy('bel', 2, NULL, NULL, NULL);
-EXECUTE set_user_policy('cas', 4, NULL, NULL, NULL);
+EXECUTE set_user_policy('ann', 1, NULL, NULL, NULL, NULL);
+EXECUTE set_user_policy('ben', 2, NULL, NULL, NULL, NULL);
+EXECUTE set_user_policy('col', 4, NULL, NULL, NULL, NULL);
+EXECUTE set_user_policy('ava', 1, NULL, NULL, NULL, NULL);
+EXECUTE set_user_policy('bea', 2, NULL, NULL, NULL, NULL);
+EXECUTE set_user_policy('cid', 4, NULL, NULL, NULL, NULL);
+EXECUTE set_user_policy('ari', 1, NULL, NULL, NULL, NULL);
+EXECUTE set_user_policy('bel', 2, NULL, NULL, NULL, NULL);
+EXECUTE set_user_policy('cas', 4, NULL, NULL, NULL, NULL);
 
 SELECT results_eq(
     $$SELECT su.username, su.weight FROM service_users su
@@ -102,7 +92,7 @@ SELECT results_eq(
 
 -- A new weight reorders at once: ben at 4 items over a weight of 3 (1333333) sorts before the
 -- others' 2000000, where ann, worked longest ago, would have come next.
-EXECUTE set_user_policy('ben', 3, NULL, NULL, NULL);
+EXECUTE set_user_policy('ben', 3, NULL, NULL, NULL, NULL);
 SELECT is((SELECT username FROM pg_temp.claim('weighted')), 'ben',
           'A weight changed by the policy orders the very next claim.');
 
@@ -112,17 +102,17 @@ SELECT is((SELECT array_agg(username ORDER BY seq) FROM pg_temp.claim('weighted-
           'One request of fourteen in a lone tenant hands out what fourteen single claims would.');
 
 -- claim_fair_round called alone, so that claim_items' single picks cannot make up for a set
--- that stopped short: the fourteen picks are one set, and in the same order.
+-- that stopped short. Where weights differ a set gives each user one pick, and only below the
+-- least share any user reaches by a second (cas's 250000): the three at 0, in the order's order.
 SELECT is((SELECT array_agg(r.username ORDER BY r.n) FILTER (WHERE r.id IS NOT NULL)
              FROM claim_fair_round('weighted-round', 'pod-0', 'main', ARRAY['weighted-round'],
                                    ARRAY['pod-0'], ARRAY[NULL::jsonb], ARRAY[14], ARRAY[0],
-                                   ARRAY[0], ARRAY[NULL::bigint], 300000)
+                                   ARRAY[0], ARRAY[NULL::bigint], 300000, '{}')
                   WITH ORDINALITY AS r(request, username, tenant, id, job_id, step_index,
                                        payload, inputs, attempt, lease_expires_at,
-                                       traceparent, more, n)),
-          ARRAY['ari', 'bel', 'cas', 'cas', 'bel', 'cas', 'cas',
-                'ari', 'bel', 'cas', 'cas', 'bel', 'cas', 'cas'],
-          'A set works the weights out itself: fourteen picks in one round, in the same order.');
+                                       traceparent, more, clocks, n)),
+          ARRAY['ari', 'bel', 'cas'],
+          'A weighted set takes one pick per user, below the least share of a second pick.');
 
 -- With every weight 1 the share is the running count scaled, and the order is the one
 -- running_count alone gave (claim_order.sql): users with 2, 0 and 1 in progress, worked two
@@ -138,23 +128,25 @@ BEGIN
     PERFORM pg_temp.seed_user('roy', 1, now() - interval '1 hour');
 END;
 $$;
-EXECUTE set_user_policy('pam', 1, NULL, NULL, NULL);
-EXECUTE set_user_policy('quy', 1, NULL, NULL, NULL);
-EXECUTE set_user_policy('roy', 1, NULL, NULL, NULL);
+EXECUTE set_user_policy('pam', 1, NULL, NULL, NULL, NULL);
+EXECUTE set_user_policy('quy', 1, NULL, NULL, NULL, NULL);
+EXECUTE set_user_policy('roy', 1, NULL, NULL, NULL, NULL);
 
 SELECT is((SELECT array_agg(username ORDER BY seq) FROM pg_temp.claims('unweighted', 6)),
           ARRAY['quy', 'roy', 'quy', 'pam', 'roy', 'quy'],
           'With every weight 1 users go by running items, then least recently worked.');
 
 -- 2. Weights at the tenant level. Two tenants compete for a component, one user each; heavy,
--- weighted 3, sorts first by name when level. Unweighted they would alternate, four each.
+-- weighted 3, sorts first by name when level. Unweighted they would alternate, four each. At
+-- three items each stands at a share of 1000000, and heavy's three turns of 333333 leave its
+-- pass the earlier: it goes on.
 DO $$
 BEGIN
     PERFORM pg_temp.submit('hal', 'hal', 'tenant-weights', 10, 'heavy');
     PERFORM pg_temp.submit('lou', 'lou', 'tenant-weights', 10, 'light');
 END;
 $$;
-EXECUTE upsert_tenant('heavy', NULL, NULL, 3, NULL, NULL, NULL);
+EXECUTE upsert_tenant('heavy', NULL, NULL, 3, NULL, NULL, NULL, NULL);
 
 SELECT results_eq(
     $$SELECT tq.tenant, tq.weight FROM tenant_queues tq
@@ -162,7 +154,7 @@ SELECT results_eq(
     $$VALUES ('heavy', 3), ('light', 1)$$,
     'Setting a tenant''s weight copies it onto its queues.');
 SELECT is((SELECT array_agg(tenant ORDER BY seq) FROM pg_temp.claims('tenant-weights', 8)),
-          ARRAY['heavy', 'light', 'heavy', 'heavy', 'light', 'heavy', 'heavy', 'heavy'],
+          ARRAY['heavy', 'light', 'heavy', 'heavy', 'heavy', 'light', 'heavy', 'heavy'],
           'Of eight claims between tenants weighted 3 and 1, the weighted tenant takes six.');
 SELECT results_eq(
     $$SELECT tq.tenant, tq.running_count, tq.share FROM tenant_queues tq
@@ -171,7 +163,7 @@ SELECT results_eq(
     'A tenant queue''s share is its running items times a million over its weight.');
 
 -- A tenant weighted before it has a queue: the queue its first work makes copies the weight.
-EXECUTE upsert_tenant('late', NULL, NULL, 5, NULL, NULL, NULL);
+EXECUTE upsert_tenant('late', NULL, NULL, 5, NULL, NULL, NULL, NULL);
 DO $$
 BEGIN
     PERFORM pg_temp.submit('lee', 'lee', 'tenant-weights', 1, 'late');
@@ -193,7 +185,7 @@ BEGIN
     PERFORM pg_temp.seed_user('finn', 3, now() - interval '1 hour');
 END;
 $$;
-EXECUTE set_user_policy('cora', NULL, 2, NULL, NULL);
+EXECUTE set_user_policy('cora', NULL, 2, NULL, NULL, NULL);
 
 SELECT is((SELECT array_agg(username ORDER BY seq) FROM pg_temp.claims('user-cap', 3)),
           ARRAY['cora', 'cora', 'finn'],
@@ -219,7 +211,7 @@ BEGIN
     PERFORM pg_temp.submit('fay', 'fay', 'user-cap-set', 5, 'solo');
 END;
 $$;
-EXECUTE set_user_policy('cam', NULL, 2, NULL, NULL);
+EXECUTE set_user_policy('cam', NULL, 2, NULL, NULL, NULL);
 
 SELECT is((SELECT array_agg(username ORDER BY seq) FROM pg_temp.claim('user-cap-set', 5)),
           ARRAY['cam', 'fay', 'cam', 'fay', 'fay'],
@@ -267,7 +259,7 @@ BEGIN
     PERFORM pg_temp.seed_user('sam', 3, now() - interval '1 hour');
 END;
 $$;
-EXECUTE set_user_policy('rita', NULL, NULL, 1, 2);
+EXECUTE set_user_policy('rita', NULL, NULL, 1, 2, NULL);
 
 SELECT is((SELECT array_agg(username ORDER BY seq) FROM pg_temp.claims('user-rate', 3)),
           ARRAY['rita', 'rita', 'sam'],
@@ -329,7 +321,7 @@ BEGIN
     PERFORM pg_temp.seed_user('sol', 3, now() - interval '1 hour');
 END;
 $$;
-EXECUTE set_user_policy('ria', NULL, NULL, 1, 2);
+EXECUTE set_user_policy('ria', NULL, NULL, 1, 2, NULL);
 
 SELECT is((SELECT array_agg(username ORDER BY seq) FROM pg_temp.claim('user-rate-set', 5)),
           ARRAY['ria', 'ria', 'sol', 'sol', 'sol'],
@@ -355,8 +347,8 @@ BEGIN
     PERFORM pg_temp.submit('ron', 'ron', 'tenant-rate', 5, 'metered');
 END;
 $$;
-EXECUTE upsert_tenant('tight', NULL, NULL, NULL, 1, NULL, NULL);
-EXECUTE upsert_tenant('metered', NULL, NULL, NULL, NULL, 1, 2);
+EXECUTE upsert_tenant('tight', NULL, NULL, NULL, 1, NULL, NULL, NULL);
+EXECUTE upsert_tenant('metered', NULL, NULL, NULL, NULL, 1, 2, NULL);
 
 SELECT results_eq('SELECT * FROM admit_tenant(''tight'')', $$VALUES (NULL::text, NULL::bigint)$$,
                   'A tenant under its cap is admitted.');

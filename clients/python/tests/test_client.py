@@ -510,6 +510,7 @@ def test_user_policy_set_before_work_read_back_and_changed_a_field_at_a_time(
         expected: UserPolicy = {
             "user": user,
             "weight": 3,
+            "tier": 3,
             "max_running": 2,
             "rate_per_second": 0.0,
             "burst": 1,
@@ -530,6 +531,36 @@ def test_user_policy_set_before_work_read_back_and_changed_a_field_at_a_time(
         assert refused.value.message.startswith("weight")
         # Refused as a whole: the valid max_running beside it is not applied either.
         assert client.user_policy(user) == changed
+
+
+def test_a_tier_set_on_a_user_and_a_tenant_reads_back_and_one_out_of_range_is_refused(
+    broker: Broker,
+) -> None:
+    user, tenant = unique("tiered"), unique("tiered-acme")
+    with Client(broker.url) as client:
+        policy = client.set_user_policy(user, weight=2, tier=1)
+        assert (policy["weight"], policy["tier"]) == (2, 1)
+        assert client.user_policy(user) == policy
+
+        created = client.set_tenant_policy(tenant, max_outstanding=10)
+        # A tenant with no tier set is in the middle one.
+        assert created["tier"] == 3
+        changed = client.set_tenant_policy(tenant, tier=5)
+        assert (changed["tier"], changed["weight"], changed["max_outstanding"]) == (5, 1, 10)
+        assert client.tenant_policy(tenant) == changed
+
+        for tier in (0, 6):
+            with pytest.raises(FairwayError) as refused:
+                client.set_user_policy(user, tier=tier, max_running=7)
+            assert (refused.value.status, refused.value.code) == (400, "invalid_policy")
+            assert refused.value.message.startswith("tier: ")
+            with pytest.raises(FairwayError) as refused:
+                client.set_tenant_policy(tenant, tier=tier)
+            assert (refused.value.status, refused.value.code) == (400, "invalid_policy")
+            assert refused.value.message.startswith("tier: ")
+        # Refused as a whole: neither key's policy changed.
+        assert client.user_policy(user) == policy
+        assert client.tenant_policy(tenant) == changed
 
 
 def test_a_user_capped_at_one_running_item_gets_its_next_once_the_first_ends(
@@ -611,11 +642,17 @@ def test_async_user_and_tenant_policy(broker: Broker) -> None:
                 await client.set_user_policy(user, weight=1001)
             assert (refused.value.status, refused.value.code) == (400, "invalid_policy")
             assert refused.value.message.startswith("weight")
+            tiered = await client.set_user_policy(user, tier=2)
+            assert (tiered["weight"], tiered["tier"]) == (5, 2)
+            with pytest.raises(FairwayError) as refused:
+                await client.set_user_policy(user, tier=6)
+            assert (refused.value.status, refused.value.code) == (400, "invalid_policy")
+            assert refused.value.message.startswith("tier: ")
 
             created = await client.set_tenant_policy(tenant, max_running=4)
             assert (created["tenant"], created["max_running"], created["weight"]) == (tenant, 4, 1)
-            changed = await client.set_tenant_policy(tenant, weight=7)
-            assert (changed["weight"], changed["max_running"]) == (7, 4)
+            changed = await client.set_tenant_policy(tenant, weight=7, tier=1)
+            assert (changed["weight"], changed["tier"], changed["max_running"]) == (7, 1, 4)
             assert await client.tenant_policy(tenant) == changed
 
     asyncio.run(scenario())

@@ -586,6 +586,8 @@ pub struct UserShare {
     pub ready: i64,
     /// The user's weight: its entitled share is its weight's fraction of the active users'.
     pub weight: i32,
+    /// The user's tier, 1 to 5: within its tenant, a lower tier is served first.
+    pub tier: i32,
     /// The user's cap on running items over every service; 0: none.
     pub max_running: i32,
     /// The user's rate limit, items per second; 0: none.

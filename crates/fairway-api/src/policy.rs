@@ -22,12 +22,18 @@ pub const MAX_BURST: i64 = 1_000_000;
 /// Largest weight: with it, the fair order's integer shares compare exactly (docs/design.md).
 pub const MAX_WEIGHT: i64 = 1000;
 
-/// A change to a policy: the fields given, the rest kept as they are. A service has no weight.
+/// The tiers an operator may grant a user or tenant, lower served first; 3 unless set.
+pub const TIERS: std::ops::RangeInclusive<i64> = 1..=5;
+
+/// A change to a policy: the fields given, the rest kept as they are. A service has no weight
+/// and no tier.
 /// Serialized, it is the body of the `PUT` that makes it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct PolicyChange {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub weight: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<i32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_running: Option<i32>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -47,9 +53,10 @@ pub enum PolicyOf {
 impl PolicyOf {
     fn fields(self) -> &'static str {
         match self {
-            PolicyOf::User => "weight, max_running, rate_per_second and burst",
+            PolicyOf::User => "weight, tier, max_running, rate_per_second and burst",
             PolicyOf::Tenant => {
-                "max_queriers, max_outstanding, weight, max_running, rate_per_second and burst"
+                "max_queriers, max_outstanding, weight, tier, max_running, rate_per_second and \
+                 burst"
             }
             PolicyOf::Service => "max_running, rate_per_second and burst",
         }
@@ -101,6 +108,9 @@ impl PolicyChange {
             "weight" if of != PolicyOf::Service => {
                 self.weight = Some(integer(value, key, 1, MAX_WEIGHT)?);
             }
+            "tier" if of != PolicyOf::Service => {
+                self.tier = Some(integer(value, key, *TIERS.start(), *TIERS.end())?);
+            }
             "max_running" => self.max_running = Some(integer(value, key, 0, i64::from(i32::MAX))?),
             "rate_per_second" => {
                 let rate = value
@@ -141,6 +151,8 @@ pub struct UserPolicyDocument {
     pub user: String,
     /// The user's share of the workers against other backlogged users': 1 to 1000.
     pub weight: i32,
+    /// The user's tier, 1 to 5: within its tenant, a lower tier is served first.
+    pub tier: i32,
     /// Most items of the user running at once over every broker and service; 0: no cap.
     pub max_running: i32,
     /// Items handed out per second over every broker; 0: no limit.
@@ -172,6 +184,7 @@ mod tests {
             change,
             PolicyChange {
                 weight: None,
+                tier: None,
                 max_running: Some(0),
                 rate_per_second: Some(2.5),
                 burst: Some(4)
@@ -191,6 +204,7 @@ mod tests {
             (json!({"burst": 0}), "burst"),
             (json!({"burst": 2_000_000}), "burst"),
             (json!({"weight": 2}), "weight"),
+            (json!({"tier": 2}), "tier"),
             (json!([1]), "body"),
         ];
         for (body, field) in refusals {
@@ -211,5 +225,18 @@ mod tests {
         }
         let refused = PolicyChange::parse(&json!({"wieght": 2}), PolicyOf::User).expect_err("typo");
         assert!(refused.message.starts_with("wieght: unknown field"), "{}", refused.message);
+    }
+
+    #[test]
+    fn tiers_are_whole_numbers_from_one_to_five() {
+        for of in [PolicyOf::User, PolicyOf::Tenant] {
+            let change = PolicyChange::parse(&json!({"tier": 1}), of).expect("valid");
+            assert_eq!(change.tier, Some(1));
+            for tier in [json!(0), json!(6), json!(2.5), json!("1"), json!(null)] {
+                let refused =
+                    PolicyChange::parse(&json!({ "tier": tier }), of).expect_err("refused");
+                assert_eq!(refused.message, "tier: must be an integer from 1 to 5");
+            }
+        }
     }
 }

@@ -46,6 +46,8 @@ pub struct TenantDocument {
     pub max_outstanding: i32,
     /// The tenant's share of the workers against other tenants', per component: 1 to 1000.
     pub weight: i32,
+    /// The tenant's tier, 1 to 5: within a component, a lower tier is served first.
+    pub tier: i32,
     /// Most items of the tenant running at once over every broker and service; 0: no cap.
     pub max_running: i32,
     /// Items handed out per second over every broker; 0: no limit.

@@ -272,6 +272,7 @@ pub async fn seed(
                 max_running: change.max_running,
                 rate_per_second: change.rate_per_second,
                 burst: change.burst,
+                tier: change.tier,
             };
             sql::run(&client, &set).await?;
             weights[index] = change.weight.map_or(1, |weight| weight as u64);

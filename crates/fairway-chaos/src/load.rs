@@ -25,20 +25,26 @@ const RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// How long one request for a job's end waits at the broker.
 const JOB_WAIT: Duration = Duration::from_secs(20);
 
-/// The users' policies the suite runs under: two weighted users, a capped one and a
-/// rate-limited one. Their names are those `async_job` gives.
+/// The users' policies the suite runs under: two weighted users, one of them in a higher
+/// tier, a capped one and a rate-limited one. Their names are those `async_job` gives.
 const USER_POLICIES: [(&str, PolicyChange); 4] = [
-    ("tenant-a-user-0", PolicyChange { weight: Some(4), ..NO_CHANGE }),
+    ("tenant-a-user-0", PolicyChange { weight: Some(4), tier: Some(2), ..NO_CHANGE }),
     ("tenant-a-user-1", PolicyChange { weight: Some(2), ..NO_CHANGE }),
     ("tenant-a-user-2", PolicyChange { max_running: Some(2), ..NO_CHANGE }),
     ("tenant-b-user-1", PolicyChange { rate_per_second: Some(20.0), burst: Some(4), ..NO_CHANGE }),
 ];
 
-/// The capped tenant, and its cap: below what the workers could run of it.
+/// The capped tenant, and its cap: below what the workers could run of it. Its tier is raised
+/// above the others', so that the cap is all that bounds it.
 const CAPPED_TENANT: (&str, i32) = ("tenant-b", 10);
 
-const NO_CHANGE: PolicyChange =
-    PolicyChange { weight: None, max_running: None, rate_per_second: None, burst: None };
+const NO_CHANGE: PolicyChange = PolicyChange {
+    weight: None,
+    tier: None,
+    max_running: None,
+    rate_per_second: None,
+    burst: None,
+};
 
 /// Sets the suite's policies, before any work arrives.
 pub async fn set_policies(client: &Client) -> Result<(), ClientError> {
@@ -47,7 +53,7 @@ pub async fn set_policies(client: &Client) -> Result<(), ClientError> {
     }
     let (tenant, cap) = CAPPED_TENANT;
     let change = TenantChange {
-        policy: PolicyChange { max_running: Some(cap), ..NO_CHANGE },
+        policy: PolicyChange { max_running: Some(cap), tier: Some(2), ..NO_CHANGE },
         ..TenantChange::default()
     };
     client.set_tenant(tenant, &change).await?;

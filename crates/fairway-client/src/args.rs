@@ -185,9 +185,8 @@ pub enum TenantCommand {
         /// Most ready items the tenant may have waiting; 0: no limit.
         #[arg(long, value_parser = clap::value_parser!(i32).range(0..))]
         max_outstanding: Option<i32>,
-        /// The tenant's share of the workers against other tenants' (1–1000).
-        #[arg(long, value_parser = clap::value_parser!(i32).range(1..=1000))]
-        weight: Option<i32>,
+        #[command(flatten)]
+        rank: RankArgs,
         #[command(flatten)]
         limits: LimitArgs,
     },
@@ -195,15 +194,14 @@ pub enum TenantCommand {
 
 #[derive(Debug, Clone, Subcommand)]
 pub enum UserCommand {
-    /// One user's weight, cap, rate limit and running items.
+    /// One user's weight, tier, cap, rate limit and running items.
     Show { user: String },
-    /// Set a user's weight, cap and rate limit, for a user not yet seen too; a flag left out
-    /// keeps its value. Every broker's claims obey it from their next batch.
+    /// Set a user's weight, tier, cap and rate limit, for a user not yet seen too; a flag left
+    /// out keeps its value. Every broker's claims obey it from their next batch.
     Set {
         user: String,
-        /// The user's share of the workers against other backlogged users' (1–1000).
-        #[arg(long, value_parser = clap::value_parser!(i32).range(1..=1000))]
-        weight: Option<i32>,
+        #[command(flatten)]
+        rank: RankArgs,
         #[command(flatten)]
         limits: LimitArgs,
     },
@@ -236,11 +234,24 @@ pub struct LimitArgs {
     pub burst: Option<i32>,
 }
 
+/// A weight and a tier, as `set` takes them for users and tenants.
+#[derive(Debug, Clone, Args)]
+pub struct RankArgs {
+    /// The share of the workers against the other backlogged users (or tenants) (1–1000).
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..=1000))]
+    pub weight: Option<i32>,
+    /// The operator's tier (1–5; 3 unless set): a lower tier is served first, before fairness
+    /// among the users of a tenant (or the tenants of a component).
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..=5))]
+    pub tier: Option<i32>,
+}
+
 impl LimitArgs {
-    /// The change these flags make, with `weight` beside them.
-    pub fn change(&self, weight: Option<i32>) -> PolicyChange {
+    /// The change these flags make, with a weight and tier beside them (none for a service).
+    pub fn change(&self, rank: Option<&RankArgs>) -> PolicyChange {
         PolicyChange {
-            weight,
+            weight: rank.and_then(|rank| rank.weight),
+            tier: rank.and_then(|rank| rank.tier),
             max_running: self.max_running,
             rate_per_second: self.rate,
             burst: self.burst,

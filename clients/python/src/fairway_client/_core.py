@@ -75,12 +75,16 @@ class ServicePolicy(TypedDict):
 
 
 class _Policy(TypedDict):
-    """What users and tenants share: a weight, a cap and a rate limit, and what they hold."""
+    """What users and tenants share: a weight, a tier, a cap and a rate limit, and what they
+    hold."""
 
     #: The key's share of the workers against the others at its level (users of a tenant,
     #: tenants of a component): 1 (the default) to 1000. Of two with work waiting, one of
     #: weight 2 holds about twice the running items of one of weight 1.
     weight: int
+    #: Its tier, 1 to 5 (3 by default), granted by an operator above fairness: at its level,
+    #: work of a lower tier is served first, and weights share the workers within a tier.
+    tier: int
     #: Most of its items running at once, over every broker and service; 0: no cap.
     max_running: int
     #: Its items handed out per second, over every broker; 0: no limit.
@@ -390,12 +394,17 @@ def set_user_policy_call(
     user: str,
     *,
     weight: int | None,
+    tier: int | None,
     max_running: int | None,
     rate_per_second: float | None,
     burst: int | None,
 ) -> Call:
     body = policy_body(
-        weight=weight, max_running=max_running, rate_per_second=rate_per_second, burst=burst
+        weight=weight,
+        tier=tier,
+        max_running=max_running,
+        rate_per_second=rate_per_second,
+        burst=burst,
     )
     return Call("PUT", f"/admin/users/{quote(user, safe='')}", body=body)
 
@@ -408,6 +417,7 @@ def set_tenant_policy_call(
     tenant: str,
     *,
     weight: int | None,
+    tier: int | None,
     max_running: int | None,
     rate_per_second: float | None,
     burst: int | None,
@@ -416,6 +426,7 @@ def set_tenant_policy_call(
 ) -> Call:
     body = policy_body(
         weight=weight,
+        tier=tier,
         max_running=max_running,
         rate_per_second=rate_per_second,
         burst=burst,

@@ -329,6 +329,7 @@ class AsyncClient:
         user: str,
         *,
         weight: int | None = None,
+        tier: int | None = None,
         max_running: int | None = None,
         rate_per_second: float | None = None,
         burst: int | None = None,
@@ -337,6 +338,7 @@ class AsyncClient:
         call = _core.set_user_policy_call(
             user,
             weight=weight,
+            tier=tier,
             max_running=max_running,
             rate_per_second=rate_per_second,
             burst=burst,
@@ -354,6 +356,7 @@ class AsyncClient:
         tenant: str,
         *,
         weight: int | None = None,
+        tier: int | None = None,
         max_running: int | None = None,
         rate_per_second: float | None = None,
         burst: int | None = None,
@@ -364,6 +367,7 @@ class AsyncClient:
         call = _core.set_tenant_policy_call(
             tenant,
             weight=weight,
+            tier=tier,
             max_running=max_running,
             rate_per_second=rate_per_second,
             burst=burst,

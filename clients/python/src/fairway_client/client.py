@@ -361,10 +361,10 @@ class Client:
         return answer
 
     def user_policy(self, user: str) -> UserPolicy:
-        """The user's policy (``weight``, ``max_running``, ``rate_per_second``, ``burst``), its
-        items running now over every service, whether it is at its cap and, while its rate
-        limit holds it back, when its next item is due. Raises ``FairwayError`` 404
-        ``user_not_found`` for a user with neither work nor a policy."""
+        """The user's policy (``weight``, ``tier``, ``max_running``, ``rate_per_second``,
+        ``burst``), its items running now over every service, whether it is at its cap and,
+        while its rate limit holds it back, when its next item is due. Raises
+        ``FairwayError`` 404 ``user_not_found`` for a user with neither work nor a policy."""
         answer: UserPolicy = self._call(_core.user_policy_call(user))
         return answer
 
@@ -373,6 +373,7 @@ class Client:
         user: str,
         *,
         weight: int | None = None,
+        tier: int | None = None,
         max_running: int | None = None,
         rate_per_second: float | None = None,
         burst: int | None = None,
@@ -380,14 +381,17 @@ class Client:
         """Changes the fields given of the user's policy, for a user not yet seen too, and
         returns the policy as it is now; those left None keep their value. ``weight`` (1 to
         1000; 1 by default) is the user's share of the workers against other users with work
-        waiting; ``max_running`` caps the user's items running at once over every service (0
-        lifts the cap), ``rate_per_second`` limits how fast they are handed out (0 lifts the
-        limit), ``burst`` (at least 1) is how many go out at once after a quiet spell. A bad
-        value raises ``FairwayError`` 400 ``invalid_policy``, its message starting with the
+        waiting; ``tier`` (1 to 5; 3 by default) is an operator's priority above that share,
+        the user's work served before that of a higher tier in its tenant; ``max_running``
+        caps the user's items running at once over every service (0 lifts the cap),
+        ``rate_per_second`` limits how fast they are handed out (0 lifts the limit),
+        ``burst`` (at least 1) is how many go out at once after a quiet spell. A bad value
+        raises ``FairwayError`` 400 ``invalid_policy``, its message starting with the
         field's name, and changes nothing."""
         call = _core.set_user_policy_call(
             user,
             weight=weight,
+            tier=tier,
             max_running=max_running,
             rate_per_second=rate_per_second,
             burst=burst,
@@ -397,10 +401,10 @@ class Client:
 
     def tenant_policy(self, tenant: str) -> TenantPolicy:
         """The tenant's limits (``max_queriers``, ``max_outstanding``), its policy
-        (``weight``, ``max_running``, ``rate_per_second``, ``burst``) and what it holds now:
-        its items running and waiting, whether it is at its cap, when its next item is due
-        while its rate limit holds it back, and the queriers that serve it. Raises
-        ``FairwayError`` 404 ``tenant_not_found`` for a tenant that does not exist."""
+        (``weight``, ``tier``, ``max_running``, ``rate_per_second``, ``burst``) and what it
+        holds now: its items running and waiting, whether it is at its cap, when its next
+        item is due while its rate limit holds it back, and the queriers that serve it.
+        Raises ``FairwayError`` 404 ``tenant_not_found`` for a tenant that does not exist."""
         answer: TenantPolicy = self._call(_core.tenant_policy_call(tenant))
         return answer
 
@@ -409,6 +413,7 @@ class Client:
         tenant: str,
         *,
         weight: int | None = None,
+        tier: int | None = None,
         max_running: int | None = None,
         rate_per_second: float | None = None,
         burst: int | None = None,
@@ -418,8 +423,9 @@ class Client:
         """Changes the fields given of the tenant's limits and policy, creating the tenant if
         needed, and returns it as it is now; those left None keep their value. ``weight`` (1
         to 1000; 1 by default) is the tenant's share of the workers against other tenants',
-        and ``max_running``, ``rate_per_second`` and ``burst`` cap and rate-limit its items
-        over every user and service, as :meth:`set_user_policy`'s do a user's (0 lifts each).
+        ``tier`` (1 to 5; 3 by default) its priority above that share, as a user's is, and
+        ``max_running``, ``rate_per_second`` and ``burst`` cap and rate-limit its items over
+        every user and service, as :meth:`set_user_policy`'s do a user's (0 lifts each).
         ``max_queriers`` is how many queriers serve the tenant (0: all; the shards are
         redrawn), ``max_outstanding`` how many ready items it may have waiting (0: no limit).
         A bad value raises ``FairwayError`` 400 ``invalid_policy``, its message starting with
@@ -427,6 +433,7 @@ class Client:
         call = _core.set_tenant_policy_call(
             tenant,
             weight=weight,
+            tier=tier,
             max_running=max_running,
             rate_per_second=rate_per_second,
             burst=burst,

@@ -77,7 +77,8 @@ WITH work AS (
                'ready_count', su.ready_count, 'running_count', su.running_count,
                'last_worked', su.last_worked, 'local_ready', su.local_ready,
                'local_running', su.local_running, 'local_last_worked', su.local_last_worked,
-               'weight', su.weight, 'max_running', su.max_running, 'throttled', su.throttled
+               'weight', su.weight, 'max_running', su.max_running, 'throttled', su.throttled,
+               'tier', su.tier
            ) AS recorded,
            -- The copies of the user's counts may lag the users row (a claim moves only the
            -- queue it claims from), never lead it. The weight and cap are copied whenever they
@@ -94,7 +95,7 @@ WITH work AS (
                'local_running', coalesce(c.local_running, 0),
                'local_last_worked', c.local_last_worked,
                'weight', u.weight, 'max_running', u.max_running,
-               'throttled', su.throttled AND u.throttled_until IS NOT NULL
+               'throttled', su.throttled AND u.throttled_until IS NOT NULL, 'tier', u.tier
            ) AS actual
       FROM service_users su
       FULL JOIN claimable c USING (service, component, tenant, username)
@@ -141,12 +142,35 @@ WITH work AS (
                   AND tq.active
            )
 ), tenant_weights AS (
-    -- Each tenant queue orders by its tenant's weight, copied whenever it changes.
+    -- Each tenant queue orders by its tenant's weight and tier, copied whenever they change.
     SELECT tq.service, tq.component, tq.tenant,
-           jsonb_build_object('weight', tq.weight) AS recorded,
-           jsonb_build_object('weight', t.weight) AS actual
+           jsonb_build_object('weight', tq.weight, 'tier', tq.tier) AS recorded,
+           jsonb_build_object('weight', t.weight, 'tier', t.tier) AS actual
       FROM tenant_queues tq
       JOIN tenants t ON t.tenant = tq.tenant
+), turns_ahead AS (
+    -- A pass is a turn's start plus a stride of at most 1000000, and no turn starts past its
+    -- order's clock: a pass further ahead says a clock went back or was never written, and
+    -- the row would wait behind its order's other rows for as long.
+    SELECT 'service_users' AS counter,
+           jsonb_build_object('service', su.service, 'component', su.component,
+                              'tenant', su.tenant, 'user', su.username) AS key,
+           jsonb_build_object('pass', su.pass) AS recorded,
+           jsonb_build_object('clock', fc.clock) AS actual
+      FROM service_users su
+      LEFT JOIN fair_clocks fc
+        ON (fc.service, fc.component, fc.tenant) = (su.service, su.component, su.tenant)
+     WHERE su.pass > coalesce(fc.clock, 0) + 1000000
+    UNION ALL
+    SELECT 'tenant_queues',
+           jsonb_build_object('service', tq.service, 'component', tq.component,
+                              'tenant', tq.tenant),
+           jsonb_build_object('pass', tq.pass),
+           jsonb_build_object('clock', fc.clock)
+      FROM tenant_queues tq
+      LEFT JOIN fair_clocks fc
+        ON (fc.service, fc.component) = (tq.service, tq.component) AND fc.tenant IS NULL
+     WHERE tq.pass > coalesce(fc.clock, 0) + 1000000
 ), strategy_actual AS (
     -- Running items per (service, metadata key, value), counted from the items.
     SELECT uw.service, m.key, m.value, count(*)::integer AS running
@@ -233,6 +257,9 @@ SELECT 'tenant_queues',
        actual
   FROM tenant_weights
  WHERE recorded <> actual
+UNION ALL
+SELECT counter, key, recorded, actual
+  FROM turns_ahead
 UNION ALL
 SELECT 'strategy_running',
        jsonb_build_object('service', service, 'key', key, 'value', value),

@@ -16,7 +16,7 @@ WITH running AS (
      GROUP BY su.username
 )
 SELECT username, coalesce(r.running, 0) AS running, coalesce(q.ready, 0) AS ready,
-       u.weight, u.max_running, u.rate_per_second,
+       u.weight, u.tier::integer AS tier, u.max_running, u.rate_per_second,
        u.max_running > 0 AND u.running_count >= u.max_running AS at_cap,
        u.throttled_until IS NOT NULL AS throttled
   FROM running r

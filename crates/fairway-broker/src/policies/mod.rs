@@ -91,6 +91,7 @@ impl Policies {
             max_running: change.max_running,
             rate_per_second: change.rate_per_second,
             burst: change.burst,
+            tier: change.tier,
         };
         sql::run(&client, &set).await?;
         self.user(user).await
@@ -101,6 +102,7 @@ fn user_document(row: UserPolicyRow) -> UserPolicyDocument {
     UserPolicyDocument {
         user: row.username,
         weight: row.weight,
+        tier: row.tier,
         max_running: row.max_running,
         rate_per_second: row.rate_per_second,
         burst: row.burst,

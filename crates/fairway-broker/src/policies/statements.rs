@@ -44,6 +44,7 @@ row! {
     UserPolicyRow {
         username: String,
         weight: i32,
+        tier: i32,
         max_running: i32,
         rate_per_second: f64,
         burst: i32,
@@ -61,5 +62,6 @@ statement! {
         max_running: Option<i32>,
         rate_per_second: Option<f64>,
         burst: Option<i32>,
+        tier: Option<i32>,
     }
 }

@@ -3,6 +3,7 @@
 -- row lock.
 SELECT u.username,
        u.weight,
+       u.tier::integer AS tier,
        u.max_running,
        u.rate_per_second,
        u.burst,

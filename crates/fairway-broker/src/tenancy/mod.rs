@@ -121,6 +121,7 @@ impl Tenancy {
             max_running: change.policy.max_running,
             rate_per_second: change.policy.rate_per_second,
             burst: change.policy.burst,
+            tier: change.policy.tier,
         };
         sql::run(&tx, &upsert).await?;
         sql::run(&tx, &ReshardTenants {}).await?;

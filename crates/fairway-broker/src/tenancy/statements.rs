@@ -61,6 +61,7 @@ statement! {
         max_running: Option<i32>,
         rate_per_second: Option<f64>,
         burst: Option<i32>,
+        tier: Option<i32>,
     }
 }
 

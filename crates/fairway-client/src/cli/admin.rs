@@ -50,10 +50,8 @@ async fn run_command(args: AdminArgs) -> Result<(), CliError> {
         AdminCommand::Users { command: Some(UserCommand::Show { user }), .. } => {
             print.list(&[client.user_policy(&user).await?], user_policies_table)
         }
-        AdminCommand::Users {
-            command: Some(UserCommand::Set { user, weight, limits }), ..
-        } => {
-            let policy = client.set_user_policy(&user, &limits.change(weight)).await?;
+        AdminCommand::Users { command: Some(UserCommand::Set { user, rank, limits }), .. } => {
+            let policy = client.set_user_policy(&user, &limits.change(Some(&rank))).await?;
             print.list(&[policy], user_policies_table)
         }
         AdminCommand::Jobs { command } => {
@@ -110,10 +108,10 @@ async fn run_command(args: AdminArgs) -> Result<(), CliError> {
         }
         AdminCommand::Tenants {
             command:
-                Some(TenantCommand::Set { tenant, max_queriers, max_outstanding, weight, limits }),
+                Some(TenantCommand::Set { tenant, max_queriers, max_outstanding, rank, limits }),
         } => {
-            let change =
-                TenantChange { max_queriers, max_outstanding, policy: limits.change(weight) };
+            let policy = limits.change(Some(&rank));
+            let change = TenantChange { max_queriers, max_outstanding, policy };
             print.list(&[client.set_tenant(&tenant, &change).await?], tenants_table)
         }
         AdminCommand::Queriers => print.list(&client.queriers().await?, queriers_table),
@@ -366,6 +364,7 @@ fn tenants_table(tenants: &[TenantDocument]) -> Table {
     let mut table = table(&[
         "tenant",
         "weight",
+        "tier",
         "max running",
         "rate /s",
         "burst",
@@ -381,6 +380,7 @@ fn tenants_table(tenants: &[TenantDocument]) -> Table {
         table.add_row(vec![
             tenant.tenant.clone(),
             tenant.weight.to_string(),
+            tenant.tier.to_string(),
             or_none(tenant.max_running),
             or_none(tenant.rate_per_second),
             tenant.burst.to_string(),
@@ -397,11 +397,12 @@ fn tenants_table(tenants: &[TenantDocument]) -> Table {
 
 fn user_policies_table(policies: &[UserPolicyDocument]) -> Table {
     let mut table =
-        table(&["user", "weight", "max running", "rate /s", "burst", "running", "state"]);
+        table(&["user", "weight", "tier", "max running", "rate /s", "burst", "running", "state"]);
     for policy in policies {
         table.add_row(vec![
             policy.user.clone(),
             policy.weight.to_string(),
+            policy.tier.to_string(),
             or_none(policy.max_running),
             or_none(policy.rate_per_second),
             policy.burst.to_string(),

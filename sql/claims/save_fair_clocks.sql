@@ -1,0 +1,19 @@
+-- save_fair_clocks: writes the clocks a claim batch moved on (carry_fair_clock), each row once.
+-- The batch holds its services' claim locks, so no other claim moves these clocks meanwhile;
+-- greatest() keeps a clock from going back all the same.
+--
+-- Arguments: the batch's clocks.
+-- Answer: none.
+-- Locks: the fair_clocks rows written.
+
+CREATE OR REPLACE FUNCTION save_fair_clocks(p_clocks jsonb)
+RETURNS void
+LANGUAGE sql
+AS $save$
+    INSERT INTO fair_clocks AS fc (service, component, tenant, clock)
+    SELECT o.key::jsonb ->> 0, o.key::jsonb ->> 1, o.key::jsonb ->> 2, o.value::bigint
+      FROM jsonb_each_text(p_clocks) o
+     ORDER BY 1, 2, 3
+        ON CONFLICT (service, component, tenant) DO UPDATE
+       SET clock = greatest(fc.clock, excluded.clock);
+$save$;
