@@ -45,6 +45,7 @@ DECLARE
     v_at timestamptz := clock_timestamp();
     v_first_claim boolean;
     v_only_step boolean;
+    v_counts record;
 BEGIN
     -- 5 and 6, in one statement: nothing is leased or counted if no item was free.
     WITH step AS (
@@ -131,19 +132,17 @@ BEGIN
         RETURN;
     END IF;
     -- The user's turn, and the tenant's where its row counts claims (count_claims).
-    SELECT carry_fair_clock(CASE WHEN p_counted THEN
-                                carry_fair_clock(clocks, p_service, p_component, NULL,
-                                                 c.tenant_clock)
-                                ELSE clocks END,
-                            p_service, p_component, p_tenant, c.user_clock)
-      INTO clocks
-      FROM count_claims(p_service, p_component, p_tenant, ARRAY[p_username], ARRAY[job_id],
-                        ARRAY[step_index], ARRAY[1], ARRAY[v_at], ARRAY[id],
-                        ARRAY[v_only_step], p_path, p_tenant_policed, p_counted, NULL,
-                        fair_clock(clocks, p_service, p_component, p_tenant),
-                        CASE WHEN p_counted THEN
-                            fair_clock(clocks, p_service, p_component, NULL)
-                        END) c;
+    v_counts := count_claims(p_service, p_component, p_tenant, ARRAY[p_username],
+                             ARRAY[job_id], ARRAY[step_index], ARRAY[1], ARRAY[v_at],
+                             ARRAY[id], ARRAY[v_only_step], p_path, p_tenant_policed,
+                             p_counted, NULL, fair_clock(clocks, p_service, p_component, p_tenant),
+                             CASE WHEN p_counted THEN
+                                 fair_clock(clocks, p_service, p_component, NULL)
+                             END);
+    clocks := carry_fair_clock(clocks, p_service, p_component, p_tenant, v_counts.user_clock);
+    IF p_counted THEN
+        clocks := carry_fair_clock(clocks, p_service, p_component, NULL, v_counts.tenant_clock);
+    END IF;
     -- Only a step never worked before can belong to a job not yet running.
     IF v_first_claim THEN
         UPDATE jobs j

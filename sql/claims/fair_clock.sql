@@ -12,19 +12,23 @@ CREATE OR REPLACE FUNCTION fair_clock(
     p_tenant text
 )
 RETURNS bigint
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
+-- PL/pgSQL, not SQL: a SQL function that reads a table is planned afresh on every call.
 AS $clock$
-    SELECT coalesce(
-               (p_clocks ->> jsonb_build_array(p_service, p_component, p_tenant)::text)::bigint,
-               (SELECT fc.clock
-                  FROM fair_clocks fc
-                 WHERE (fc.service, fc.component) = (p_service, p_component)
-                   AND fc.tenant = p_tenant),
-               (SELECT fc.clock
-                  FROM fair_clocks fc
-                 WHERE (fc.service, fc.component) = (p_service, p_component)
-                   AND fc.tenant IS NULL
-                   AND p_tenant IS NULL),
-               0);
+DECLARE
+    v_clock bigint := (p_clocks ->> jsonb_build_array(p_service, p_component, p_tenant)::text);
+BEGIN
+    IF v_clock IS NULL AND p_tenant IS NULL THEN
+        SELECT fc.clock INTO v_clock
+          FROM fair_clocks fc
+         WHERE (fc.service, fc.component) = (p_service, p_component)
+           AND fc.tenant IS NULL;
+    ELSIF v_clock IS NULL THEN
+        SELECT fc.clock INTO v_clock
+          FROM fair_clocks fc
+         WHERE (fc.service, fc.component, fc.tenant) = (p_service, p_component, p_tenant);
+    END IF;
+    RETURN coalesce(v_clock, 0);
+END;
 $clock$;

@@ -8,12 +8,15 @@
 
 CREATE OR REPLACE FUNCTION save_fair_clocks(p_clocks jsonb)
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
+-- PL/pgSQL, not SQL: a SQL function that writes a table is planned afresh on every call.
 AS $save$
+BEGIN
     INSERT INTO fair_clocks AS fc (service, component, tenant, clock)
     SELECT o.key::jsonb ->> 0, o.key::jsonb ->> 1, o.key::jsonb ->> 2, o.value::bigint
       FROM jsonb_each_text(p_clocks) o
      ORDER BY 1, 2, 3
         ON CONFLICT (service, component, tenant) DO UPDATE
        SET clock = greatest(fc.clock, excluded.clock);
+END;
 $save$;

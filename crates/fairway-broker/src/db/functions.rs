@@ -251,7 +251,7 @@ mod tests {
 
     /// The digest of the files at [`REVISION`].
     #[cfg(not(feature = "upgrade-drill"))]
-    const PINNED_DIGEST: &str = "a0444501eb19b26c874ac7ddb8222bc692617c40acb9914336f8b5f6abc9787e";
+    const PINNED_DIGEST: &str = "e2bad9de193386d86a5cc4922374ecd0d9627cd843bed63c04f6403d0359c8b1";
 
     #[cfg(not(feature = "upgrade-drill"))]
     #[test]
