@@ -37,11 +37,19 @@ fn carried() -> Vec<Migration> {
 /// Serialises schema changes between brokers that start at the same time.
 const MIGRATION_LOCK: i64 = 0x0066_6169_7277_6179; // "fairway"
 
-/// How often a start tries to move the trigger bindings, each try waiting a little for the
-/// tables' locks, before it gives up. A try also ends when the move deadlocks with a broker's
-/// transaction that holds one table and wants another: PostgreSQL breaks the cycle by ending
-/// one of the two, and the move, unlike a claim, can simply go again.
+/// How often a start tries its migrations and the move of the trigger bindings, each try
+/// waiting a little for the tables' locks, before it gives up. A try also ends when it
+/// deadlocks with a broker's transaction that holds one table and wants another: PostgreSQL
+/// breaks the cycle by ending one of the two, and a schema change, unlike a claim, can simply
+/// go again.
 const BINDING_ATTEMPTS: u32 = 5;
+
+/// How long a migration waits for a table's lock. While it waits, every claim on that table
+/// queues behind it, so during a rolling upgrade a long wait would stall the older brokers.
+const MIGRATION_LOCK_TIMEOUT: &str = "2s";
+
+/// The errors after which a schema change goes again: a lock wait that timed out, a deadlock.
+const BUSY: [SqlState; 2] = [SqlState::LOCK_NOT_AVAILABLE, SqlState::T_R_DEADLOCK_DETECTED];
 
 /// Where refinery records the migrations applied. Not refinery's default name, so that a
 /// database made by the unfolded migration chain, which used the default, is recognised.
@@ -74,17 +82,12 @@ pub async fn run(pool: &Pool) -> Result<(), DbError> {
     let mut attempt = 1;
     let outcome = loop {
         match migrate(client).await {
-            Err(DbError::Postgres(error))
-                if [
-                    Some(&SqlState::LOCK_NOT_AVAILABLE),
-                    Some(&SqlState::T_R_DEADLOCK_DETECTED),
-                ]
-                .contains(&error.code())
-                    && attempt < BINDING_ATTEMPTS =>
-            {
+            Err(error) if busy(&error) && attempt < BINDING_ATTEMPTS => {
                 tracing::warn!(
                     attempt,
-                    "the tables stayed busy while the trigger bindings changed hands; trying again"
+                    %error,
+                    "the tables stayed busy while the schema or the trigger bindings changed; \
+                     trying again"
                 );
                 attempt += 1;
             }
@@ -92,8 +95,32 @@ pub async fn run(pool: &Pool) -> Result<(), DbError> {
         }
     };
     client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK]).await?;
-    client.batch_execute("RESET search_path").await?;
+    client.batch_execute("RESET search_path; RESET lock_timeout").await?;
     outcome
+}
+
+/// Whether `error` ended a schema change on busy tables, so that it can go again.
+fn busy(error: &DbError) -> bool {
+    match error {
+        DbError::Postgres(error) => error.code().is_some_and(|code| BUSY.contains(code)),
+        DbError::MigrationBusy(_) => true,
+        _ => false,
+    }
+}
+
+/// The SQLSTATE of the first database error in `error`'s chain of sources.
+fn sql_state(error: &(dyn std::error::Error + 'static)) -> Option<SqlState> {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(db) = error.downcast_ref::<tokio_postgres::error::DbError>() {
+            return Some(db.code().clone());
+        }
+        if let Some(code) = error.downcast_ref::<tokio_postgres::Error>().and_then(|e| e.code()) {
+            return Some(code.clone());
+        }
+        next = error.source();
+    }
+    None
 }
 
 async fn migrate(client: &mut tokio_postgres::Client) -> Result<(), DbError> {
@@ -105,11 +132,19 @@ async fn migrate(client: &mut tokio_postgres::Client) -> Result<(), DbError> {
              schema: working beside them"
         );
     } else {
+        client.batch_execute(&format!("SET lock_timeout = '{MIGRATION_LOCK_TIMEOUT}'")).await?;
         let report = Runner::new(&carried())
             .set_migration_table_name(HISTORY_TABLE)
             .run_async(client)
             .await
-            .map_err(|error| DbError::Migration(fairway_pg::describe(&error)))?;
+            .map_err(|error| {
+                let described = fairway_pg::describe(&error);
+                match sql_state(&error) {
+                    Some(code) if BUSY.contains(&code) => DbError::MigrationBusy(described),
+                    _ => DbError::Migration(described),
+                }
+            })?;
+        client.batch_execute("RESET lock_timeout").await?;
         for migration in report.applied_migrations() {
             tracing::info!(migration = %migration, "applied migration");
         }

@@ -84,6 +84,11 @@ pub enum DbError {
     Pool(String),
     #[error("migration failed: {0}")]
     Migration(String),
+    /// A migration met tables other brokers were using: its wait for a lock timed out, or it
+    /// deadlocked with a broker's transaction and PostgreSQL ended it. It changed nothing and
+    /// can go again.
+    #[error("migration failed on busy tables: {0}")]
+    MigrationBusy(String),
     #[error(
         "this database holds fairway's schema as an earlier build made it, migration by \
          migration (last applied: {last}); this broker carries the schema folded into one \
