@@ -4,7 +4,7 @@
 BEGIN;
 \ir support.psql
 
-SELECT plan(19);
+SELECT plan(21);
 
 -- p_times claims of one item by one worker, each ended before the next is asked for, so that
 -- no user holds an item when the next is chosen: every share is 0, and the turns decide.
@@ -265,6 +265,24 @@ SELECT is((SELECT array_agg(n ORDER BY u)
                      FROM unnest(pg_temp.rounds('tenant-turns', 40)) u GROUP BY u) c),
           ARRAY[10, 30],
           'Forty turns go 10 and 30 to tenants weighted 1 and 3.');
+
+-- 9. A strategy's claim takes the user's turn by the same formulas: oldest picks the older
+-- job's user, whose pass moves on by its stride from the clock.
+DO $$
+BEGIN
+    PERFORM pg_temp.submit('st-old', 'sto', 'strategic', 5, 'main');
+    PERFORM pg_temp.submit('st-new', 'stn', 'strategic', 5, 'main');
+END;
+$$;
+EXECUTE set_user_policy('sto', 4, NULL, NULL, NULL, NULL);
+SELECT is((SELECT array_agg(username)
+             FROM pg_temp.claim('strategic', 1, 0, 'pod-0',
+                                '[{"order": "oldest", "only": [], "caps": []}]')),
+          ARRAY['sto'],
+          'The oldest job''s user is served by the strategy.');
+SELECT is(pg_temp.turn('sto', 'strategic') || pg_temp.clock('strategic', 'main'),
+          '(250000,f)0',
+          'Its turn started at the clock, 0, and moved its pass on by a weight-4 stride.');
 
 SELECT * FROM finish();
 ROLLBACK;
