@@ -1,4 +1,5 @@
--- Weighted turns and operator tiers in the fair order (docs/design.md, "Weights at any scale").
+-- Weighted turns and operator tiers in the fair order (docs/policy-design.md,
+-- "Weights at any scale").
 --
 -- Where users outnumber workers every share ties at 0, and the tie went to the least recently
 -- worked: one turn each, whatever the weight. Each row of a weighted level now also carries

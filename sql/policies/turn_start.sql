@@ -1,5 +1,5 @@
 -- turn_start: where a turn of a weighted level of the fair order starts, in its order's virtual
--- time (start-time fair queueing, docs/design.md "Weights at any scale"). A turn moves the
+-- time (start-time fair queueing, docs/policy-design.md "Weights at any scale"). A turn moves the
 -- row's pass on to its start plus its stride (stride_for_weight), and the order's clock up to
 -- the start. The floor keeps a row from banking credit: a row back from having no ready work (or
 -- never served) starts at the clock; one held up while backlogged, by its work in progress,

@@ -1,4 +1,4 @@
--- Weighted turns and tiers (docs/design.md, "Weights at any scale"): where users outnumber
+-- Weighted turns and tiers (docs/policy-design.md, "Weights at any scale"): where users outnumber
 -- workers every share ties at 0, and the tie goes to the earliest pass, which a weight-w turn
 -- moves on by 1,000,000 / w from where turn_start says it starts. Tiers come before it all.
 BEGIN;
@@ -69,8 +69,7 @@ BEGIN
     PERFORM pg_temp.submit('one', 'one', 'turns', 40, 'main');
     PERFORM pg_temp.submit('two', 'two', 'turns', 40, 'main');
     PERFORM pg_temp.submit('four', 'four', 'turns', 80, 'main');
-    PERFORM pg_temp.submit('rex', 'rex', 'turns', 10, 'rival');
-    UPDATE tenant_queues SET running_count = 100 WHERE (service, tenant) = ('turns', 'rival');
+    PERFORM pg_temp.busy_rival('turns', 'rex');
     PERFORM pg_temp.submit('s-one', 's-one', 'turns-set', 40, 'solo');
     PERFORM pg_temp.submit('s-two', 's-two', 'turns-set', 40, 'solo');
     PERFORM pg_temp.submit('s-four', 's-four', 'turns-set', 80, 'solo');
@@ -137,8 +136,7 @@ BEGIN
     PERFORM pg_temp.submit('ret-a', 'ret', 'returning', 4, 'main');
     PERFORM pg_temp.submit('ria', 'ria', 'returning', 60, 'main');
     PERFORM pg_temp.submit('rob', 'rob', 'returning', 60, 'main');
-    PERFORM pg_temp.submit('rex2', 'rex', 'returning', 10, 'rival');
-    UPDATE tenant_queues SET running_count = 100 WHERE (service, tenant) = ('returning', 'rival');
+    PERFORM pg_temp.busy_rival('returning', 'rex');
 END;
 $$;
 EXECUTE set_user_policy('ret', 4, NULL, NULL, NULL, NULL);
@@ -167,8 +165,7 @@ BEGIN
     PERFORM pg_temp.submit('cap4', 'cap4', 'capped', 20, 'main');
     PERFORM pg_temp.submit('cia', 'cia', 'capped', 60, 'main');
     PERFORM pg_temp.submit('cob', 'cob', 'capped', 60, 'main');
-    PERFORM pg_temp.submit('rex3', 'rex', 'capped', 10, 'rival');
-    UPDATE tenant_queues SET running_count = 100 WHERE (service, tenant) = ('capped', 'rival');
+    PERFORM pg_temp.busy_rival('capped', 'rex');
 END;
 $$;
 EXECUTE set_user_policy('cap4', 4, 1, NULL, NULL, NULL);

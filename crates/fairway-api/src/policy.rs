@@ -19,7 +19,7 @@ pub const MIN_RATE: f64 = 0.001;
 /// Largest burst: as many items as the widest claim batch could ever take at once.
 pub const MAX_BURST: i64 = 1_000_000;
 
-/// Largest weight: with it, the fair order's integer shares compare exactly (docs/design.md).
+/// Largest weight: with it, the fair order's integer shares compare exactly (docs/policy-design.md).
 pub const MAX_WEIGHT: i64 = 1000;
 
 /// The tiers an operator may grant a user or tenant, lower served first; 3 unless set.

@@ -251,7 +251,7 @@ mod tests {
 
     /// The digest of the files at [`REVISION`].
     #[cfg(not(feature = "upgrade-drill"))]
-    const PINNED_DIGEST: &str = "e2bad9de193386d86a5cc4922374ecd0d9627cd843bed63c04f6403d0359c8b1";
+    const PINNED_DIGEST: &str = "788ddef597f7bd016a1f910bfe8095c3e1b481c625766d22216a604a8743100f";
 
     #[cfg(not(feature = "upgrade-drill"))]
     #[test]
