@@ -499,22 +499,35 @@ async fn the_consistency_check_finds_policy_copies_that_would_strand_work() {
     app.assert_consistent().await;
     // A row that says its user's bucket is empty when it is not would keep her out of the order
     // for good; so would a cap or weight the user does not have, or a tenant weight.
-    for drift in [
+    let drifts = [
         "UPDATE service_users SET throttled = true WHERE username = 'ann'",
         "UPDATE service_users SET max_running = 1, weight = 5 WHERE username = 'bob'",
         "UPDATE tenant_queues SET weight = 1 WHERE tenant = 'acme'",
-    ] {
-        app.db.execute(drift, &[]).await.expect("drift");
+    ];
+    let expected = [
+        ("service_users", "user", "ann"),
+        ("service_users", "user", "bob"),
+        ("tenant_queues", "tenant", "acme"),
+    ];
+    assert_mismatches_after(&app, &drifts, &expected).await;
+}
+
+/// Applies each of `drifts` to the database, then asserts that the consistency check finds
+/// exactly the rows `expected` names, each as (table, key field, value).
+async fn assert_mismatches_after(app: &TestApp, drifts: &[&str], expected: &[(&str, &str, &str)]) {
+    for drift in drifts {
+        app.db.execute(*drift, &[]).await.expect("drift");
     }
     let body: Value = app.get("/admin/consistency").await.json().await.expect("JSON");
-    assert_eq!(body["consistent"], false);
+    assert_eq!(body["consistent"], false, "{body:#}");
     let mismatches = body["mismatches"].as_array().expect("mismatches");
-    let tables: Vec<(&str, &Value)> =
-        mismatches.iter().map(|m| (m["table"].as_str().expect("table"), &m["key"])).collect();
-    assert_eq!(mismatches.len(), 3, "{body:#}");
-    assert!(tables.iter().any(|(t, key)| *t == "service_users" && key["user"] == "ann"));
-    assert!(tables.iter().any(|(t, key)| *t == "service_users" && key["user"] == "bob"));
-    assert!(tables.iter().any(|(t, key)| *t == "tenant_queues" && key["tenant"] == "acme"));
+    assert_eq!(mismatches.len(), expected.len(), "{body:#}");
+    for (table, field, value) in expected {
+        assert!(
+            mismatches.iter().any(|m| m["table"] == *table && m["key"][field] == *value),
+            "no mismatch for {table} {value}: {body:#}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -645,19 +658,15 @@ async fn the_consistency_check_finds_tier_copies_and_passes_ahead_of_their_clock
     app.assert_consistent().await;
     // A tier the user or tenant does not have would misplace it in the order; a pass more than
     // a stride past its order's clock would hold its row back for as long.
-    for drift in [
+    let drifts = [
         "UPDATE service_users SET tier = 1 WHERE username = 'ann'",
         "UPDATE tenant_queues SET tier = 5 WHERE tenant = 'beta'",
         "UPDATE service_users SET pass = 9000000 WHERE username = 'bob'",
-    ] {
-        app.db.execute(drift, &[]).await.expect("drift");
-    }
-    let body: Value = app.get("/admin/consistency").await.json().await.expect("JSON");
-    let mismatches = body["mismatches"].as_array().expect("mismatches");
-    let found: Vec<(&str, &Value)> =
-        mismatches.iter().map(|m| (m["table"].as_str().expect("table"), &m["key"])).collect();
-    assert_eq!(mismatches.len(), 3, "{body:#}");
-    assert!(found.iter().any(|(t, key)| *t == "service_users" && key["user"] == "ann"));
-    assert!(found.iter().any(|(t, key)| *t == "tenant_queues" && key["tenant"] == "beta"));
-    assert!(found.iter().any(|(t, key)| *t == "service_users" && key["user"] == "bob"));
+    ];
+    let expected = [
+        ("service_users", "user", "ann"),
+        ("tenant_queues", "tenant", "beta"),
+        ("service_users", "user", "bob"),
+    ];
+    assert_mismatches_after(&app, &drifts, &expected).await;
 }

@@ -49,8 +49,7 @@ BEGIN
     PERFORM pg_temp.submit('ann', 'ann', 'weighted', 10, 'main');
     PERFORM pg_temp.submit('ben', 'ben', 'weighted', 10, 'main');
     PERFORM pg_temp.submit('col', 'col', 'weighted', 10, 'main');
-    PERFORM pg_temp.submit('rex', 'rex', 'weighted', 10, 'rival');
-    UPDATE tenant_queues SET running_count = 100 WHERE (service, tenant) = ('weighted', 'rival');
+    PERFORM pg_temp.busy_rival('weighted', 'rex');
     PERFORM pg_temp.submit('ava', 'ava', 'weighted-set', 10, 'solo');
     PERFORM pg_temp.submit('bea', 'bea', 'weighted-set', 10, 'solo');
     PERFORM pg_temp.submit('cid', 'cid', 'weighted-set', 10, 'solo');
@@ -122,8 +121,7 @@ BEGIN
     PERFORM pg_temp.submit('pam', 'pam', 'unweighted', 5, 'main');
     PERFORM pg_temp.submit('quy', 'quy', 'unweighted', 5, 'main');
     PERFORM pg_temp.submit('roy', 'roy', 'unweighted', 5, 'main');
-    PERFORM pg_temp.submit('rio', 'rio', 'unweighted', 5, 'rival');
-    UPDATE tenant_queues SET running_count = 100 WHERE (service, tenant) = ('unweighted', 'rival');
+    PERFORM pg_temp.busy_rival('unweighted', 'rio');
     PERFORM pg_temp.seed_user('pam', 2, now() - interval '2 hours');
     PERFORM pg_temp.seed_user('roy', 1, now() - interval '1 hour');
 END;
@@ -180,8 +178,7 @@ DO $$
 BEGIN
     PERFORM pg_temp.submit('cora', 'cora', 'user-cap', 5, 'main');
     PERFORM pg_temp.submit('finn', 'finn', 'user-cap', 5, 'main');
-    PERFORM pg_temp.submit('rob', 'rob', 'user-cap', 5, 'rival');
-    UPDATE tenant_queues SET running_count = 100 WHERE (service, tenant) = ('user-cap', 'rival');
+    PERFORM pg_temp.busy_rival('user-cap', 'rob');
     PERFORM pg_temp.seed_user('finn', 3, now() - interval '1 hour');
 END;
 $$;
@@ -254,8 +251,7 @@ DO $$
 BEGIN
     PERFORM pg_temp.submit('rita', 'rita', 'user-rate', 5, 'main');
     PERFORM pg_temp.submit('sam', 'sam', 'user-rate', 5, 'main');
-    PERFORM pg_temp.submit('rue', 'rue', 'user-rate', 5, 'rival');
-    UPDATE tenant_queues SET running_count = 100 WHERE (service, tenant) = ('user-rate', 'rival');
+    PERFORM pg_temp.busy_rival('user-rate', 'rue');
     PERFORM pg_temp.seed_user('sam', 3, now() - interval '1 hour');
 END;
 $$;
