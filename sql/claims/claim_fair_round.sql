@@ -7,16 +7,14 @@
 -- the rest one pick at a time; a tenant with a cap or a rate limit it takes one pick at a time
 -- from the start (admit_tenant).
 --
--- Arguments: the service, querier and component; claim_items' request arrays, request i the
--- i-th of each, with how many items each has been served so far; the lease in milliseconds;
--- the batch's clocks (fair_clock).
+-- Arguments: the service, querier and component; claim_items' request arrays (request i the
+-- i-th of each), how many items each was served so far; the lease in ms; the batch's clocks.
 -- Answer: a row per pick, in order, with the request its item went to; id is NULL for a pick
--- whose item another transaction held after all. more, on every row: the set took items, all
--- it chose, and fewer than the run wants, so that another set may take the next ones; clocks,
--- the batch's clocks after the set's turns (take_turns).
--- Locks: as claim_items' picks take them: the head's users rows (SKIP LOCKED), the items
--- (SKIP LOCKED), then count_claims' counter rows, then jobs. Only the one-tenant order is
--- read, so no tenant row is locked or written.
+-- whose item another transaction held after all. more, on every row: the set took all it
+-- chose, and fewer than the run wants, so another set may take the next; clocks, the batch's
+-- clocks after the set's turns (take_turns).
+-- Locks: as claim_items' picks take them: the head's users rows (SKIP LOCKED), the items (SKIP
+-- LOCKED), count_claims' counter rows, jobs. Only the one-tenant order is read: no tenant row.
 
 CREATE OR REPLACE FUNCTION claim_fair_round(
     p_service text,
@@ -40,10 +38,10 @@ RETURNS TABLE (
 LANGUAGE plpgsql
 -- Planned once: a plan made afresh for each set would cost more than the set saves. Never
 -- compiled: the plan cannot see how many items each user takes, so its estimate can pass
--- jit_above_cost, and compiling would cost many times what the set does. Never a scan: the
--- plan expects one row where a set has one per user, so against a small table (a thousand
--- users) a scan looks cheaper than the probes, and the session would then scan it once per
--- user for as long as it lives. plan_fair_round is set the same way.
+-- jit_above_cost, and compiling would cost many times what the set does. Never a scan: the plan
+-- expects one row where a set has one per user, so against a small table (a thousand users) a
+-- scan looks cheaper than the probes, and the session would scan it per user for as long as it
+-- lives. plan_fair_round is set the same way.
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 SET enable_seqscan = off
@@ -51,12 +49,9 @@ AS $round$
 #variable_conflict use_column
 DECLARE
     v_at timestamptz := clock_timestamp();
-    v_tenant text;
-    v_tenant_policed boolean;
-    v_least bigint;
-    v_tier smallint;
-    v_first_lags boolean;
-    v_clock bigint;
+    -- The one tenant, the head of its users' order, and that order's clock (turn_start).
+    v_tenant text; v_tenant_policed boolean; v_least bigint; v_tier smallint;
+    v_first_lags boolean; v_clock bigint;
     -- The request of each item the run still wants, in the order they are served.
     v_slots integer[];
 BEGIN
@@ -70,16 +65,21 @@ BEGIN
     IF cardinality(v_slots) = 0 THEN
         RETURN;
     END IF;
-    -- The one active tenant queue, read as the one-at-a-time claim reads the tenants, and in
-    -- the same statement the head of its users' order: its share, the least work in progress
-    -- in the order. No user further ahead of it than there are items wanted can be reached,
-    -- and bounding the head by that keeps its read a short range of the order's index: the
-    -- plan, made once, cannot see the LIMIT. A first row that lags its user would end the set
-    -- before its first pick: then the caller's single claims, which bring such rows level, go
-    -- on at once. (Read without the user's lock: the set checks again under it.)
+    -- The one active tenant queue, read as the one-at-a-time claim reads the tenants, and in the
+    -- same statement the head of its users' order: its share, the least work in progress in the
+    -- order. No user further ahead of it than there are items wanted can be reached, and bounding
+    -- the head by that keeps its read a short range of the order's index: the plan, made once,
+    -- cannot see the LIMIT. A first row that lags its user would end the set before its first
+    -- pick: then the caller's single claims, which bring such rows level, go on at once. (Read
+    -- without the user's lock: the set checks again under it.)
     SELECT tq.tenant, t.max_running > 0 OR t.rate_per_second > 0, first.share, first.tier,
-           first.lags
-      INTO v_tenant, v_tenant_policed, v_least, v_tier, v_first_lags
+           first.lags,
+           -- Its users' order's clock, as fair_clock reads it, whose call would cost more.
+           coalesce(carried_fair_clock(p_clocks, p_service, p_component, tq.tenant),
+                    (SELECT fc.clock FROM fair_clocks fc
+                      WHERE (fc.service, fc.component, fc.tenant)
+                            = (p_service, p_component, tq.tenant)), 0)
+      INTO v_tenant, v_tenant_policed, v_least, v_tier, v_first_lags, v_clock
       FROM tenant_queues tq
       JOIN tenants t ON t.tenant = tq.tenant
       LEFT JOIN LATERAL (
@@ -111,7 +111,6 @@ BEGIN
     IF v_tenant_policed OR v_least IS NULL OR v_first_lags THEN
         RETURN;
     END IF;
-    v_clock := fair_clock(p_clocks, p_service, p_component, v_tenant);
 
     RETURN QUERY
     WITH chosen AS MATERIALIZED (
@@ -154,7 +153,8 @@ BEGIN
                (SELECT j.traceparent FROM jobs j WHERE j.job_id = wi.job_id) AS traceparent
     ), turns AS (
         -- The picks' turns, taken in order as single claims would take them.
-        SELECT t.passes, t.clock, picks.seqs
+        SELECT t.passes, t.clock, picks.seqs,
+               carry_fair_clock(p_clocks, p_service, p_component, v_tenant, t.clock) AS clocks
           FROM (SELECT array_agg(i.seq ORDER BY i.seq) AS seqs,
                        array_agg(i.username ORDER BY i.seq) AS usernames,
                        array_agg(i.pass ORDER BY i.seq) AS passes,
@@ -189,7 +189,7 @@ BEGIN
            i.inputs, i.attempt, i.lease_expires_at, i.traceparent,
            count(i.id) OVER () > 0 AND count(i.id) OVER () = count(*) OVER ()
                AND count(*) OVER () < cardinality(v_slots),
-           carry_fair_clock(p_clocks, p_service, p_component, v_tenant, t.clock)
+           t.clocks
       FROM chosen c
       LEFT JOIN item i ON i.seq = c.seq
      -- Referenced, so that the counters move once every pick is leased.

@@ -17,7 +17,7 @@ STABLE
 -- PL/pgSQL, not SQL: a SQL function that reads a table is planned afresh on every call.
 AS $clock$
 DECLARE
-    v_clock bigint := (p_clocks ->> jsonb_build_array(p_service, p_component, p_tenant)::text);
+    v_clock bigint := carried_fair_clock(p_clocks, p_service, p_component, p_tenant);
 BEGIN
     IF v_clock IS NULL AND p_tenant IS NULL THEN
         SELECT fc.clock INTO v_clock

@@ -13,8 +13,9 @@ LANGUAGE plpgsql
 AS $save$
 BEGIN
     INSERT INTO fair_clocks AS fc (service, component, tenant, clock)
-    SELECT o.key::jsonb ->> 0, o.key::jsonb ->> 1, o.key::jsonb ->> 2, o.value::bigint
-      FROM jsonb_each_text(p_clocks) o
+    SELECT o.key ->> 0, o.key ->> 1, o.key ->> 2, o.clock
+      FROM (SELECT e.key::jsonb AS key, e.value::bigint AS clock
+              FROM jsonb_each_text(p_clocks) e) o
      ORDER BY 1, 2, 3
         ON CONFLICT (service, component, tenant) DO UPDATE
        SET clock = greatest(fc.clock, excluded.clock);

@@ -4,7 +4,7 @@
 BEGIN;
 \ir support.psql
 
-SELECT plan(21);
+SELECT plan(23);
 
 -- p_times claims of one item by one worker, each ended before the next is asked for, so that
 -- no user holds an item when the next is chosen: every share is 0, and the turns decide.
@@ -45,6 +45,19 @@ STABLE
 AS $$
     SELECT (su.pass, su.fresh)::text FROM service_users su
      WHERE (su.username, su.service) = (p_user, p_service);
+$$;
+
+-- Every user's pass in a service's queue of tenant solo, its name's prefix p_prefix read as u,
+-- then the queue's clock: what a batch must leave as the single claims leave it.
+CREATE FUNCTION pg_temp.passes(p_service text, p_prefix text)
+RETURNS text[]
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT array_agg(replace(su.username, p_prefix, 'u') || ':' || su.pass ORDER BY su.username)
+           || pg_temp.clock(p_service, 'solo')::text
+      FROM service_users su
+     WHERE su.service = p_service;
 $$;
 
 -- 1. The formula.
@@ -119,15 +132,28 @@ SELECT is((SELECT array_agg(replace(username, 'bat', 'u') ORDER BY seq)
           (SELECT array_agg(replace(username, 'sin', 'u') ORDER BY seq)
              FROM pg_temp.claims('singles', 7)),
           'A batch of seven takes the turns seven single claims take, in the same order.');
-SELECT is((SELECT array_agg(replace(su.username, 'bat', 'u') || ':' || su.pass
-                            ORDER BY su.username)
-             FROM service_users su WHERE su.service = 'batched')
-          || pg_temp.clock('batched', 'solo')::text,
-          (SELECT array_agg(replace(su.username, 'sin', 'u') || ':' || su.pass
-                            ORDER BY su.username)
-             FROM service_users su WHERE su.service = 'singles')
-          || pg_temp.clock('singles', 'solo')::text,
+SELECT is(pg_temp.passes('batched', 'bat'), pg_temp.passes('singles', 'sin'),
           'The batch leaves every pass and the clock where the single claims leave them.');
+
+-- 3b. The same with every weight 1, where a set gives a user several picks: each starts from the
+-- user's pass after the one before, and the clock may have passed that (take_turns).
+DO $$
+BEGIN
+    FOR n IN 1 .. 3 LOOP
+        PERFORM pg_temp.submit('ev' || n, 'ev' || n, 'evenly', 40, 'solo'),
+                pg_temp.submit('sg' || n, 'sg' || n, 'singly', 40, 'solo');
+    END LOOP;
+    PERFORM pg_temp.rounds('evenly', 4), pg_temp.rounds('singly', 4);
+END;
+$$;
+
+SELECT is((SELECT array_agg(replace(username, 'ev', 'u') ORDER BY seq)
+             FROM pg_temp.claim('evenly', 7)),
+          (SELECT array_agg(replace(username, 'sg', 'u') ORDER BY seq)
+             FROM pg_temp.claims('singly', 7)),
+          'With every weight 1 a batch of seven, several picks a user, takes the singles'' turns.');
+SELECT is(pg_temp.passes('evenly', 'ev'), pg_temp.passes('singly', 'sg'),
+          'That batch leaves every pass and the clock where the single claims leave them.');
 
 -- 4. A returning user starts at the clock. ret, weighted 4, runs out of work while two users
 -- weighted 1 take many turns; then work arrives for it again.

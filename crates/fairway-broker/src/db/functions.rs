@@ -251,7 +251,7 @@ mod tests {
 
     /// The digest of the files at [`REVISION`].
     #[cfg(not(feature = "upgrade-drill"))]
-    const PINNED_DIGEST: &str = "788ddef597f7bd016a1f910bfe8095c3e1b481c625766d22216a604a8743100f";
+    const PINNED_DIGEST: &str = "99c25b4a53e112e7f96063c38d0c662e74839a76c97e5a84a734cf6d5597b746";
 
     #[cfg(not(feature = "upgrade-drill"))]
     #[test]
