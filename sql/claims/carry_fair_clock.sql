@@ -1,6 +1,5 @@
 -- carry_fair_clock: the batch's clocks with one order's clock moved on (carried_fair_clock reads
--- them):
--- a batch writes each clock once, at its end (save_fair_clocks), not once per item.
+-- them): a batch writes each clock once, at its end (save_fair_clocks), not once per item.
 --
 -- Arguments: the batch's clocks; the order, as fair_clock takes it; the clock.
 -- Answer: the batch's clocks.

@@ -251,7 +251,7 @@ mod tests {
 
     /// The digest of the files at [`REVISION`].
     #[cfg(not(feature = "upgrade-drill"))]
-    const PINNED_DIGEST: &str = "99c25b4a53e112e7f96063c38d0c662e74839a76c97e5a84a734cf6d5597b746";
+    const PINNED_DIGEST: &str = "169f3ef9fecb37a26e0e71374af5dab6f22bd207fe63e66806a2dd9a81ca6276";
 
     #[cfg(not(feature = "upgrade-drill"))]
     #[test]
