@@ -87,7 +87,11 @@ BEGIN
         -- Where the head stops standing for the whole order: at its first row that lags or
         -- has work under actors, or at its last row when the LIMIT cut it (NULL: neither).
         -- Only shares below that row's are known; and only as far as the items wanted
-        -- spread over the head's users, so that a set stays about that size.
+        -- spread over the head's users, so that a set stays about that size. Whether the head
+        -- holds a user for every item wanted at or below second_share, the least share any
+        -- user reaches by a second pick: then each takes one pick, in the head's order, and no
+        -- user's later picks need working out. (Answered here: a CTE of its own would add a
+        -- plan level, which every set pays for.)
         SELECT coalesce(
                    (SELECT h.share
                       FROM head h
@@ -102,17 +106,12 @@ BEGIN
                        + ceil(cardinality(p_slots)::numeric / nullif(count(*), 0))::bigint
                          * 1000000
                   FROM head h) AS share_cap,
-               -- The least share any user reaches by a second pick.
-               (SELECT min((m.running_count + 1)::bigint * 1000000 / m.weight)
-                  FROM head m) AS second_share,
-               (SELECT bool_or(h.weight > 1) FROM head h) AS weighted
-    ), plan AS (
-        -- Whether the head holds a user for every item wanted at or below second_share: then
-        -- each takes one pick, in the head's order, and no user's later picks need working out.
-        SELECT b.*,
+               second.share AS second_share,
                (SELECT count(*) >= cardinality(p_slots) FROM head h
-                 WHERE h.share <= b.second_share) AS one_pick_each
-          FROM bounds b
+                 WHERE h.share <= second.share) AS one_pick_each,
+               (SELECT bool_or(h.weight > 1) FROM head h) AS weighted
+          FROM (SELECT min((m.running_count + 1)::bigint * 1000000 / m.weight) AS share
+                  FROM head m) second
     ), steps AS MATERIALIZED (
         -- Each usable user's best step, and, where it may take more than one pick, whether
         -- that is its only claimable step: such a user takes successive items of it; a user
@@ -167,7 +166,7 @@ BEGIN
                     OR (s.running_count + k)::bigint * 1000000 / s.weight < b.known_share
                     OR (k = 0 AND s.share = b.known_share)) AS exact
           FROM steps s
-         CROSS JOIN plan b
+         CROSS JOIN bounds b
          CROSS JOIN LATERAL generate_series(
                0, CASE WHEN b.one_pick_each OR b.weighted THEN 0
                        ELSE least(CASE WHEN s.only_step THEN s.step_ready ELSE 2 END,

@@ -251,7 +251,7 @@ mod tests {
 
     /// The digest of the files at [`REVISION`].
     #[cfg(not(feature = "upgrade-drill"))]
-    const PINNED_DIGEST: &str = "169f3ef9fecb37a26e0e71374af5dab6f22bd207fe63e66806a2dd9a81ca6276";
+    const PINNED_DIGEST: &str = "fc2e4260356f7e5365aa897cb73410e561c57c11e1cc21f303ab436065335000";
 
     #[cfg(not(feature = "upgrade-drill"))]
     #[test]
